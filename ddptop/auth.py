@@ -1,0 +1,61 @@
+"""Token handling and the challenge-response that guards non-loopback reporters.
+
+The token never travels: a rank sends a random nonce, the viewer answers with
+HMAC-SHA256(token, nonce). Loopback-only reporters need no token (the runtime
+directory, mode 0700, is the access control there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from ddptop.errors import AuthError
+
+TOKEN_ENV = "DDPTOP_TOKEN"
+TOKEN_FILE_ENV = "DDPTOP_TOKEN_FILE"
+
+
+def new_nonce() -> str:
+    """Return a fresh random challenge (hex)."""
+    return secrets.token_hex(16)
+
+
+def prove(token: str, nonce: str) -> str:
+    """Return the proof of knowing *token* for challenge *nonce*."""
+    return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def verify(token: str, nonce: str, mac: str) -> bool:
+    """Check a proof in constant time."""
+    return hmac.compare_digest(prove(token, nonce), mac)
+
+
+def load_token(explicit: str | None = None) -> str | None:
+    """Find the token: an explicit value, then $DDPTOP_TOKEN, then $DDPTOP_TOKEN_FILE.
+
+    A token file must not be readable by others (mode 0600), as with ssh keys.
+    """
+    if explicit:
+        return explicit
+    value = os.environ.get(TOKEN_ENV)
+    if value:
+        return value
+    path = os.environ.get(TOKEN_FILE_ENV)
+    if not path:
+        return None
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+    except OSError as exc:
+        raise AuthError(f"cannot read token file {path}: {exc.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AuthError(f"token file {path} must be private (chmod 600), it is {oct(mode & 0o777)}")
+    token = file.read_text().strip()
+    if not token:
+        raise AuthError(f"token file {path} is empty")
+    return token

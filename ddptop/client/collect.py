@@ -1,0 +1,88 @@
+"""One-shot collection from every rank of a job, in parallel, with partial results.
+
+Used by ``snapshot``, ``doctor`` and ``export``: ranks that answer are returned, those
+that do not are listed with the reason; dead ranks contribute their last words and
+crash files from the runtime directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import msgspec
+
+from ddptop import discovery
+from ddptop.client.connection import RankConnection
+from ddptop.client.targets import JobTarget
+from ddptop.discovery import Endpoint
+from ddptop.errors import DdptopError
+from ddptop.protocol import RankState
+from ddptop.reporter.crash import crash_signal
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_PARALLEL = 32
+
+
+@dataclass
+class Collected:
+    """Per-rank answers and per-rank failures of one collection."""
+
+    answers: dict[int, object] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def per_rank(target: JobTarget, work: Callable[[RankConnection], T], token: str | None = None,
+             timeout: float = 5.0, progress: Callable[[int, int], None] | None = None) -> Collected:
+    """Run *work* against every live rank in parallel; collect answers and errors."""
+    out = Collected()
+
+    def one(endpoint: Endpoint) -> tuple[int, object | None, str]:
+        try:
+            with RankConnection(endpoint, token=token, timeout=timeout) as conn:
+                return endpoint.rank, work(conn), ""
+        except DdptopError as exc:
+            return endpoint.rank, None, str(exc)
+        except OSError as exc:
+            return endpoint.rank, None, f"rank {endpoint.rank}: {exc}"
+
+    done = 0
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(target.endpoints)))) as pool:
+        for rank, answer, error in pool.map(one, target.endpoints):
+            done += 1
+            if progress is not None:
+                progress(done, len(target.endpoints))
+            if error:
+                out.errors[rank] = error
+            else:
+                out.answers[rank] = answer
+    return out
+
+
+def last_words(endpoint: Endpoint) -> RankState:
+    """What a dead rank left behind: its final state, or a stub naming the loss."""
+    path = discovery.record_path(endpoint.job_id, endpoint.rank, "last")
+    state: RankState | None = None
+    try:
+        state = msgspec.msgpack.decode(path.read_bytes(), type=RankState)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        state = None
+    if state is None:
+        state = RankState(rank=endpoint.rank, local_rank=-1, world_size=endpoint.world_size,
+                          host=endpoint.node or endpoint.host, pid=endpoint.pid,
+                          job_id=endpoint.job_id, status="lost", time=time.time())
+    crash = discovery.record_path(endpoint.job_id, endpoint.rank, "crash")
+    fatal = crash_signal(crash)
+    if fatal:
+        state.status = "crashed"
+        state.exit_reason = state.exit_reason or fatal
+        state.crash_file = str(crash)
+    elif state.status == "running":
+        state.status = "lost"
+    return state

@@ -1,0 +1,102 @@
+"""Resolve what the user named (nothing, a job id, HOST:PORT) into rank endpoints.
+
+* nothing: the only job with live ranks on this host;
+* a job id (or a unique prefix of one): that job's records on this host;
+* HOST:PORT: the job's TCPStore (MASTER_ADDR:MASTER_PORT), where every rank of every
+  node published its endpoint. Reading it needs torch on the viewer's machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ddptop import discovery
+from ddptop.discovery import Endpoint
+from ddptop.errors import TargetNotFound, UsageError
+
+log = logging.getLogger(__name__)
+
+_HOST_PORT = re.compile(r"^(?P<host>\[[^\]]+\]|[^:]+):(?P<port>\d{1,5})$")
+
+
+@dataclass
+class JobTarget:
+    """A job's reachable endpoints, and the ranks whose process is already gone."""
+
+    job_id: str
+    world_size: int
+    endpoints: list[Endpoint]
+    dead: list[Endpoint] = field(default_factory=list)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks of the world that have no record at all."""
+        known = {e.rank for e in self.endpoints} | {e.rank for e in self.dead}
+        return [r for r in range(self.world_size) if r not in known]
+
+
+def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
+    """Turn a target string into a JobTarget; TargetNotFound with a reason otherwise."""
+    if target and _HOST_PORT.match(target):
+        return _from_store(target, store_timeout_s)
+    live = discovery.jobs_on_host()
+    if target is None:
+        if not live:
+            raise TargetNotFound(
+                f"no ddptop job is running on this host (looked in {discovery.runtime_dir(False)}); "
+                "start one with `ddptop launch -- torchrun ...`"
+            )
+        if len(live) > 1:
+            raise TargetNotFound(
+                f"{len(live)} jobs run on this host ({', '.join(sorted(live))}); name one"
+            )
+        target = next(iter(live))
+    matches = [job for job in live if job == target] or [j for j in live if j.startswith(target)]
+    if not matches:
+        stale = discovery.jobs_on_host(include_stale=True)
+        if target in stale:
+            return _job(target, [], stale[target])
+        raise TargetNotFound(f"no running job {target!r} on this host (see `ddptop jobs`)")
+    if len(matches) > 1:
+        raise TargetNotFound(f"job id {target!r} is ambiguous: {', '.join(sorted(matches))}")
+    job_id = matches[0]
+    every = discovery.jobs_on_host(include_stale=True).get(job_id, [])
+    alive = {e.rank: e for e in live[job_id]}
+    dead = [e for e in every if e.rank not in alive]
+    return _job(job_id, sorted(alive.values(), key=lambda e: e.rank), dead)
+
+
+def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint]) -> JobTarget:
+    world = max([e.world_size for e in alive + dead] or [0])
+    return JobTarget(job_id=job_id, world_size=world, endpoints=alive, dead=dead)
+
+
+def _from_store(target: str, timeout_s: float) -> JobTarget:
+    match = _HOST_PORT.match(target)
+    assert match is not None
+    host, port = match.group("host").strip("[]"), int(match.group("port"))
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        raise UsageError(
+            "reading a job's TCPStore (HOST:PORT) needs torch on this machine; "
+            "name a job id on the rank's host instead"
+        ) from None
+    from ddptop.reporter.store_publish import KEY_PREFIX, WORLD_KEY
+
+    try:
+        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+        store.set_timeout(timedelta(seconds=timeout_s))
+        world = int(store.get(WORLD_KEY))
+        keys = [KEY_PREFIX + str(r) for r in range(world)]
+        found = [k for k in keys if store.check([k])]
+        endpoints = [Endpoint.from_json(store.get(k)) for k in found]
+    except Exception as exc:
+        raise TargetNotFound(f"no ddptop job published at {target}: {exc}") from None
+    if not endpoints:
+        raise TargetNotFound(f"no ddptop rank published at {target}")
+    return JobTarget(job_id=endpoints[0].job_id, world_size=world, endpoints=endpoints)

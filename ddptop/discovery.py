@@ -1,0 +1,127 @@
+"""Where ranks announce themselves on a host, and how a viewer finds them.
+
+Each rank writes one small JSON record into a per-user runtime directory (mode 0700):
+``<job_id>.<rank>.json`` with host, port, pid, rank, world size and job id. The record
+is removed at clean exit; a record whose pid is gone is stale and ignored (its crash
+and last-words files beside it are kept for the post-mortem). Standard library only:
+the reporter inside a rank imports this.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+RUNTIME_ENV = "DDPTOP_RUNTIME_DIR"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one rank's reporter."""
+
+    job_id: str
+    rank: int
+    world_size: int
+    host: str
+    port: int
+    pid: int
+    start_time: float = 0.0
+    node: str = ""  # hostname the rank runs on (host may be an address)
+
+    def to_json(self) -> str:
+        """Serialise for the discovery record and the TCPStore."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str | bytes) -> Endpoint:
+        """Parse a record; ValueError if it is not one."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("endpoint record is not an object")
+        return Endpoint(
+            job_id=str(data["job_id"]),
+            rank=int(data["rank"]),
+            world_size=int(data["world_size"]),
+            host=str(data["host"]),
+            port=int(data["port"]),
+            pid=int(data["pid"]),
+            start_time=float(data.get("start_time", 0.0)),
+            node=str(data.get("node", "")),
+        )
+
+
+def runtime_dir(create: bool = True) -> Path:
+    """Return the per-user runtime directory (created 0700 when *create*)."""
+    explicit = os.environ.get(RUNTIME_ENV)
+    if explicit:
+        path = Path(explicit)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "ddptop"
+    else:
+        path = Path(tempfile.gettempdir()) / f"ddptop-{os.getuid()}"
+    if create:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
+        if path.stat().st_uid == os.getuid():
+            os.chmod(path, 0o700)
+    return path
+
+
+def record_path(job_id: str, rank: int, suffix: str = "json") -> Path:
+    """Path of a rank's record (or of its crash / last-words file, by *suffix*)."""
+    return runtime_dir() / f"{job_id}.{rank}.{suffix}"
+
+
+def write_record(endpoint: Endpoint) -> Path:
+    """Atomically write *endpoint*'s discovery record; return its path."""
+    path = record_path(endpoint.job_id, endpoint.rank)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(endpoint.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with *pid* exists (on this host)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_records(include_stale: bool = False) -> list[Endpoint]:
+    """All well-formed records in the runtime directory, live ones only by default."""
+    directory = runtime_dir(create=False)
+    if not directory.is_dir():
+        return []
+    found: list[Endpoint] = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            endpoint = Endpoint.from_json(path.read_text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.debug("ignoring unreadable record %s: %s", path, exc)
+            continue
+        if include_stale or pid_alive(endpoint.pid):
+            found.append(endpoint)
+    return found
+
+
+def jobs_on_host(include_stale: bool = False) -> dict[str, list[Endpoint]]:
+    """Records grouped by job id, each job's ranks sorted."""
+    jobs: dict[str, list[Endpoint]] = {}
+    for endpoint in read_records(include_stale):
+        jobs.setdefault(endpoint.job_id, []).append(endpoint)
+    for ranks in jobs.values():
+        ranks.sort(key=lambda e: e.rank)
+    return jobs

@@ -1,0 +1,296 @@
+"""The ddptop wire vocabulary: typed msgspec structs, the same on sockets and in files.
+
+Every struct here is public: the JSON of ``ddptop snapshot --json`` is these structs
+encoded by msgspec, so field names are stable. Add fields (with defaults), never rename.
+
+Messages travel as a tagged union (``Message``): the tag is the struct's ``type`` field.
+This module imports only msgspec and the standard library; the reporter inside a
+training rank depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# Commands a viewer may send to a rank. A fixed, read-only set: nothing a viewer sends
+# can change the training process.
+Command = Literal["state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe"]
+COMMANDS: frozenset[str] = frozenset(
+    ("state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe")
+)
+
+
+class PendingOp(msgspec.Struct, kw_only=True):
+    """One collective a rank entered and has not completed (from the Flight Recorder)."""
+
+    seq: int
+    op: str  # e.g. "gloo:all_gather", "nccl:_allgather_base"
+    sizes: list[list[list[int]]] = []  # [input_sizes, output_sizes]
+    dtype: str = ""
+    age_s: float = 0.0
+    started_at: float = 0.0  # wall clock (epoch seconds) the op was enqueued
+    timeout_s: float | None = None
+    state: str = ""  # FR state: scheduled / started / completed
+
+
+class CollectiveGroup(msgspec.Struct, kw_only=True):
+    """Sequence number and pending ops of one process group on one rank."""
+
+    pg: str  # process group name ("0" is the default group)
+    seq: int
+    desc: str = ""
+    size: int = 0
+    backend: str = ""
+    timeout_s: float | None = None
+    pending: list[PendingOp] = []
+    seq_changed_at: float = 0.0  # wall clock of the last observed seq advance
+
+
+class GpuInfo(msgspec.Struct, kw_only=True):
+    """The rank's GPU as NVML sees it (null fields where NVML cannot tell)."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    compute_capability: str = ""
+    driver: str = ""
+    util_percent: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    p2p: dict[str, str] = {}  # peer GPU index -> NVML P2P status word
+
+
+class ParamFingerprint(msgspec.Struct, kw_only=True):
+    """Shape fingerprint of the model a rank wrapped in DDP/FSDP (never values)."""
+
+    count: int  # number of parameter tensors
+    numel: int  # total elements
+    shapes_hash: str
+    wrapper: str = ""  # DistributedDataParallel / FullyShardedDataParallel
+    shapes: list[tuple[str, list[int]]] = []  # (name, shape), capped
+
+
+class RngFingerprint(msgspec.Struct, kw_only=True):
+    """Short hashes of RNG states at an epoch start; equal hashes mean equal seeds."""
+
+    epoch: int
+    torch: str = ""
+    numpy: str = ""
+    python: str = ""
+
+
+class Versions(msgspec.Struct, kw_only=True):
+    """Software stack of a rank: the first thing to compare when ranks disagree."""
+
+    python: str = ""
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    driver: str | None = None
+    ddptop: str = ""
+
+
+class ReporterStats(msgspec.Struct, kw_only=True):
+    """What the reporter itself did: errors it swallowed and what it dropped."""
+
+    errors: int = 0
+    dropped: int = 0
+    samples: int = 0
+    clients: int = 0
+    last_error: str = ""
+    sample_cost_s: float = 0.0  # CPU time of the last sample, on the reporter thread
+
+
+class RankState(msgspec.Struct, kw_only=True):
+    """Everything one rank reports, at one moment. The ``snapshot --json`` schema."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    job_id: str = ""
+    status: str = "running"  # starting / running / exited / crashed (reporter's view)
+    time: float = 0.0  # wall clock of this sample
+    start_time: float = 0.0
+    restart_count: int = 0
+    # progress
+    step: int = 0
+    step_time_s: float | None = None  # mean of recent steps
+    last_step_at: float = 0.0
+    epoch: int = 0
+    batch: int = 0
+    batches_per_epoch: int | None = None
+    data_wait_fraction: float | None = None
+    loader_ready_batches: int | None = None
+    loader_workers: int = 0
+    loader_worker_pids: list[int] = []
+    last_batch_at: float = 0.0
+    # collectives
+    backend: str = ""
+    collectives: list[CollectiveGroup] = []
+    # system
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    threads: int | None = None
+    load_avg: list[float] = []
+    cpu_count: int | None = None
+    mem_available_bytes: int | None = None
+    shm_used_bytes: int | None = None
+    shm_total_bytes: int | None = None
+    gpu: GpuInfo | None = None
+    # environment and fingerprints
+    versions: Versions = msgspec.field(default_factory=Versions)
+    env: dict[str, str] = {}
+    param_fingerprint: ParamFingerprint | None = None
+    rng_fingerprint: RngFingerprint | None = None
+    crash_file: str = ""
+    exit_reason: str = ""  # exception or signal the rank died of, when it told us
+    reporter: ReporterStats = msgspec.field(default_factory=ReporterStats)
+
+
+class Sample(msgspec.Struct, kw_only=True, array_like=True):
+    """One compact history point (1 Hz ring buffer); array_like keeps it small."""
+
+    time: float
+    step: int
+    epoch: int
+    batch: int
+    seq: int
+    step_time_s: float | None
+    data_wait_fraction: float | None
+    loader_ready_batches: int | None
+    cpu_percent: float | None
+    rss_bytes: int | None
+    gpu_util_percent: float | None
+
+
+class FrameStack(msgspec.Struct, kw_only=True, array_like=True):
+    """One Python frame: file, line, function."""
+
+    file: str
+    line: int
+    function: str
+
+
+class ThreadStack(msgspec.Struct, kw_only=True):
+    """The Python stack of one thread, innermost frame last (like a traceback)."""
+
+    thread_id: int
+    name: str
+    frames: list[FrameStack]
+    is_main: bool = False
+
+
+# ---------------------------------------------------------------- messages
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True):
+    """First frame a rank sends: who it is and whether it wants a token proof."""
+
+    protocol: int
+    role: str  # "rank" or "viewer"
+    nonce: str = ""  # server challenge (hex); empty when no token is required
+    auth_required: bool = False
+    rank: int | None = None
+    job_id: str = ""
+
+
+class AuthProof(msgspec.Struct, tag="auth", kw_only=True):
+    """Viewer's answer to the challenge: HMAC-SHA256(token, nonce) in hex."""
+
+    mac: str
+
+
+class AuthResult(msgspec.Struct, tag="auth_result", kw_only=True):
+    """Rank's verdict on the proof; on failure the rank closes the connection."""
+
+    ok: bool
+    reason: str = ""
+
+
+class Request(msgspec.Struct, tag="request", kw_only=True):
+    """A read-only command from a viewer."""
+
+    command: str
+    id: int = 0
+    interval_s: float = 1.0  # for "subscribe"
+
+
+class StateMsg(msgspec.Struct, tag="state", kw_only=True):
+    """A rank's current state (answer to "state", and each tick of "subscribe")."""
+
+    state: RankState
+    id: int = 0
+
+
+class HistoryMsg(msgspec.Struct, tag="history", kw_only=True):
+    """The rank's ring buffer of samples, oldest first."""
+
+    rank: int
+    samples: list[Sample]
+    id: int = 0
+
+
+class StacksMsg(msgspec.Struct, tag="stacks", kw_only=True):
+    """Every thread's Python stack at the moment of the request."""
+
+    rank: int
+    time: float
+    threads: list[ThreadStack]
+    id: int = 0
+
+
+class FrTraceMsg(msgspec.Struct, tag="fr_trace", kw_only=True):
+    """The Flight Recorder dump as JSON text (never pickle), or why there is none."""
+
+    rank: int
+    time: float
+    json: str = ""
+    error: str = ""
+    id: int = 0
+
+
+class ErrorMsg(msgspec.Struct, tag="error", kw_only=True):
+    """The rank refused or failed a request; the connection stays usable."""
+
+    reason: str
+    id: int = 0
+
+
+class RecordEntry(msgspec.Struct, tag="record", kw_only=True):
+    """A message as a recorder received it: the unit of recordings and bundles."""
+
+    time: float  # viewer's wall clock at receipt
+    rank: int
+    message: StateMsg | HistoryMsg | StacksMsg | FrTraceMsg | ErrorMsg
+
+
+class ConnectionEvent(msgspec.Struct, tag="conn", kw_only=True):
+    """A viewer-side change of a rank's reachability (recorded so replay sees it)."""
+
+    time: float
+    rank: int
+    status: str  # connected / stale / lost
+    reason: str = ""
+
+
+Message = (
+    Hello
+    | AuthProof
+    | AuthResult
+    | Request
+    | StateMsg
+    | HistoryMsg
+    | StacksMsg
+    | FrTraceMsg
+    | ErrorMsg
+    | RecordEntry
+    | ConnectionEvent
+)

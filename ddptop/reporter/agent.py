@@ -1,0 +1,265 @@
+"""The reporter agent: one daemon thread per rank that samples, remembers and serves.
+
+The thread wakes once per interval (1 s by default), turns the hot-path counters of
+:mod:`ddptop.reporter.progress` into a :class:`RankState`, appends a compact sample to
+a bounded history, pushes the state to subscribed viewers and answers requests in
+between. Every failure is caught and counted in ``RankState.reporter``; training never
+sees one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from ddptop import auth, discovery
+from ddptop.protocol import (
+    ErrorMsg,
+    FrTraceMsg,
+    HistoryMsg,
+    Message,
+    RankState,
+    ReporterStats,
+    Request,
+    Sample,
+    StacksMsg,
+    StateMsg,
+)
+from ddptop.reporter import collectives, environment, stacks
+from ddptop.reporter.config import ReporterConfig
+from ddptop.reporter.crash import CrashCapture
+from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth
+from ddptop.reporter.server import ReporterServer
+from ddptop.reporter.system import SystemSampler
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    """State, history and server of one rank."""
+
+    def __init__(self, config: ReporterConfig, progress: Progress = PROGRESS) -> None:
+        self.config = config
+        self.progress = progress
+        self.stats = ReporterStats()
+        self.history: deque[Sample] = deque(maxlen=config.history_len)
+        self.collectives = collectives.CollectiveTracker(fr_after_s=config.fr_after_s)
+        self.system = SystemSampler()
+        self.crash = CrashCapture(discovery.record_path(config.job_id, config.rank, "crash"))
+        self.state = RankState(
+            rank=config.rank, local_rank=config.local_rank, world_size=config.world_size,
+            host=socket.gethostname(), pid=os.getpid(), job_id=config.job_id,
+            status="starting", start_time=time.time(), restart_count=config.restart_count,
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.server: ReporterServer | None = None
+        self.endpoint: discovery.Endpoint | None = None
+        self._last_wait = 0.0
+        self._last_step_time = 0.0
+        self._last_steps = 0
+        self._published = False
+        self._torch_ready = False
+        progress.on_epoch_start = self._on_epoch_start
+        progress.on_wrap = self._on_wrap
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Bind the server, write the discovery record and start the thread."""
+        cfg = self.config
+        self.server = ReporterServer(cfg.bind, cfg.port, cfg.token, cfg.rank, cfg.job_id,
+                                     self.handle)
+        self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
+        advertise = cfg.advertise or (cfg.bind if cfg.bind not in ("0.0.0.0", "::") else
+                                      socket.gethostname())
+        self.endpoint = discovery.Endpoint(
+            job_id=cfg.job_id, rank=cfg.rank, world_size=cfg.world_size, host=advertise,
+            port=self.server.port, pid=os.getpid(), start_time=self.state.start_time,
+            node=self.state.host,
+        )
+        discovery.write_record(self.endpoint)
+        atexit.register(self.shutdown)
+        self._thread = threading.Thread(target=self._run, name="ddptop-reporter", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the thread, leave last words, remove the discovery record."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        try:
+            self.sample()
+            reason = self.crash.exit_reason
+            self.state.status = "crashed" if reason else "exited"
+            self.state.exit_reason = reason
+            path = discovery.record_path(self.config.job_id, self.config.rank, "last")
+            path.write_bytes(msgspec.msgpack.encode(self.state))
+            discovery.record_path(self.config.job_id, self.config.rank).unlink(missing_ok=True)
+        except Exception as exc:
+            log.debug("ddptop: shutdown incomplete: %s", exc)
+        if self.server is not None:
+            self.server.close()
+
+    def _run(self) -> None:
+        interval = self.config.interval_s
+        next_sample = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_sample:
+                    self.sample()
+                    next_sample = now + interval
+                    assert self.server is not None
+                    self.server.broadcast(StateMsg(state=self.state))
+                assert self.server is not None
+                self.server.poll(max(0.0, min(interval, next_sample - time.monotonic())))
+            except Exception as exc:  # count, remember, carry on
+                self._count_error(exc)
+                self._stop.wait(0.05)
+
+    def _count_error(self, exc: BaseException) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        if self.stats.errors <= 3:
+            log.warning("ddptop reporter error (counted, training unaffected): %s", exc)
+
+    # ------------------------------------------------------------ sampling
+
+    def sample(self) -> RankState:
+        """Refresh ``self.state`` from counters, c10d and the system; record history."""
+        t_cpu = time.thread_time()
+        now = time.time()
+        s, p = self.state, self.progress
+        s.time = now
+        self._sample_progress(s, p)
+        torch = sys.modules.get("torch")
+        if torch is not None and self._torch_ready:
+            self._sample_torch(s, now)
+        for key, value in self.system.process().items():
+            setattr(s, key, value)
+        s.shm_used_bytes, s.shm_total_bytes = self.system.shm()
+        s.gpu = self.system.gpu()
+        if s.status == "starting" and (p.step or p.batches_total or s.collectives):
+            s.status = "running"
+        self.stats.samples += 1
+        self.stats.clients = self.server.client_count if self.server else 0
+        self.stats.dropped = self.server.dropped_frames if self.server else 0
+        self.stats.errors += p.hook_errors
+        p.hook_errors = 0
+        self.stats.sample_cost_s = time.thread_time() - t_cpu
+        s.reporter = self.stats
+        default = s.collectives[0].seq if s.collectives else 0
+        self.history.append(Sample(
+            time=now, step=s.step, epoch=s.epoch, batch=s.batch, seq=default,
+            step_time_s=s.step_time_s, data_wait_fraction=s.data_wait_fraction,
+            loader_ready_batches=s.loader_ready_batches, cpu_percent=s.cpu_percent,
+            rss_bytes=s.rss_bytes,
+            gpu_util_percent=s.gpu.util_percent if s.gpu else None,
+        ))
+        return s
+
+    def _sample_progress(self, s: RankState, p: Progress) -> None:
+        steps, step_time, wait = p.step, p.step_time_total, p.wait_total
+        # n steps span n-1 intervals: the first step has nothing to be timed against.
+        d_intervals = max(0, steps - 1) - max(0, self._last_steps - 1)
+        d_time = step_time - self._last_step_time
+        d_wait = wait - self._last_wait
+        if d_intervals > 0 and d_time > 0:
+            s.step_time_s = d_time / d_intervals
+            s.data_wait_fraction = min(1.0, d_wait / d_time)
+        self._last_steps, self._last_step_time, self._last_wait = steps, step_time, wait
+        s.step, s.last_step_at = steps, p.last_step_at
+        s.epoch, s.batch, s.batches_per_epoch = max(p.epoch, 0), p.batch, p.batches_per_epoch
+        it = p.loader_iter() if p.loader_iter is not None else None
+        if it is not None:
+            s.loader_ready_batches, s.loader_workers, s.loader_worker_pids = loader_queue_depth(it)
+
+    def _sample_torch(self, s: RankState, now: float) -> None:
+        from torch.distributed import distributed_c10d as c10d
+
+        if s.versions.torch is None:
+            s.versions = environment.versions(self.system.driver_version())
+            s.env = environment.reported_env()
+        if not c10d.is_initialized():
+            return
+        s.collectives = self.collectives.groups(c10d, now)
+        s.backend = self.collectives.backend
+        if s.gpu is not None and s.versions.driver is None:
+            s.versions.driver = s.gpu.driver
+        if not self._published:
+            self._published = True  # one try: a store that refuses once will refuse again
+            self._publish()
+
+    def _publish(self) -> None:
+        from ddptop.reporter.store_publish import publish_endpoint
+
+        if self.endpoint is not None:
+            publish_endpoint(self.endpoint, self.config.store_timeout_s)
+
+    # ------------------------------------------------------------ training-thread callbacks
+
+    def torch_imported(self, torch_module: Any) -> None:
+        """Called once torch is importable: patch its classes (on the importing thread)."""
+        from ddptop.reporter.progress import install_torch_patches
+
+        install_torch_patches(torch_module)
+        self._torch_ready = True
+
+    def _on_epoch_start(self, epoch: int) -> None:
+        try:
+            self.state.rng_fingerprint = environment.rng_fingerprint(epoch)
+        except Exception as exc:
+            self._count_error(exc)
+
+    def _on_wrap(self, wrapper: str, module: Any, device_ids: Any) -> None:
+        try:
+            self.state.param_fingerprint = environment.param_fingerprint(wrapper, module)
+            if device_ids:
+                first = device_ids[0]
+                self.system.device_hint = first if isinstance(first, int) else getattr(first, "index", None)
+        except Exception as exc:
+            self._count_error(exc)
+
+    # ------------------------------------------------------------ requests
+
+    def handle(self, request: Request) -> Message:
+        """Answer one read-only viewer request."""
+        cmd = request.command
+        if cmd in ("state", "subscribe"):
+            return StateMsg(state=self.state, id=request.id)
+        if cmd == "history":
+            return HistoryMsg(rank=self.config.rank, samples=list(self.history), id=request.id)
+        if cmd == "stacks":
+            return StacksMsg(rank=self.config.rank, time=time.time(),
+                             threads=stacks.all_thread_stacks(), id=request.id)
+        if cmd == "fr_trace":
+            try:
+                text = collectives.read_fr_json() if self._torch_ready else ""
+                return FrTraceMsg(rank=self.config.rank, time=time.time(), json=text,
+                                  error="" if text else "Flight Recorder unavailable",
+                                  id=request.id)
+            except Exception as exc:
+                return FrTraceMsg(rank=self.config.rank, time=time.time(), error=str(exc),
+                                  id=request.id)
+        return ErrorMsg(reason=f"unsupported request {cmd!r}", id=request.id)
+
+
+def token_for_bind(bind: str, token: str | None) -> str | None:
+    """Loopback binds need no token; any other bind without one is refused."""
+    if bind in ("127.0.0.1", "::1", "localhost"):
+        return token
+    if not token:
+        raise ValueError(f"binding to {bind} requires a token (set {auth.TOKEN_ENV})")
+    return token

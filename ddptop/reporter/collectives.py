@@ -1,0 +1,148 @@
+"""Collective-op sequence numbers and the Flight Recorder, per process group.
+
+The source of truth is c10d itself, not wrappers around ``dist.*`` (which are blind to
+DDP's C++ bucketed all-reduce): ``pg._get_sequence_number_for_group()`` counts every
+collective of the group, and the Flight Recorder lists the ops a rank entered.
+
+Gloo and NCCL differ in what FR says: NCCL moves ``state`` through scheduled / started
+/ completed, gloo leaves it at "scheduled" and keys ``pg_config`` by an empty name. So
+"pending" here means: not retired, not completed, and beyond the group's
+``last_completed_collective`` from ``pg_status``. This works for both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from ddptop.protocol import CollectiveGroup, PendingOp
+
+log = logging.getLogger(__name__)
+
+
+class CollectiveTracker:
+    """Remembers when each group's seq last moved, and reads FR when it stalls."""
+
+    def __init__(self, fr_after_s: float = 2.0) -> None:
+        self.fr_after_s = fr_after_s
+        self._last_seq: dict[str, tuple[int, float]] = {}
+        self._pending: dict[str, list[PendingOp]] = {}
+        self._last_fr_read = 0.0
+        self.backend = ""
+
+    def groups(self, c10d: Any, now: float) -> list[CollectiveGroup]:
+        """Read every group's seq; attach pending ops from FR when a group stalls."""
+        world = c10d._world
+        names = dict(world.pg_names)
+        groups: list[CollectiveGroup] = []
+        stalled = False
+        for pg, entry in list(world.pg_map.items()):
+            try:
+                seq = int(pg._get_sequence_number_for_group())
+            except Exception:  # a group that is not ready yet
+                continue
+            name = _group_id(pg, names)
+            last = self._last_seq.get(name)
+            if last is None or last[0] != seq:
+                self._last_seq[name] = (seq, now)
+                self._pending.pop(name, None)
+                changed_at = now
+            else:
+                changed_at = last[1]
+                stalled = stalled or (now - changed_at >= self.fr_after_s)
+            backend = str(entry[0]) if isinstance(entry, tuple) and entry else ""
+            if name == "0" or not self.backend:
+                self.backend = self.backend or backend
+            groups.append(
+                CollectiveGroup(
+                    pg=name,
+                    seq=seq,
+                    desc=str(getattr(pg, "group_desc", "") or names.get(pg, "")),
+                    size=int(pg.size()),
+                    backend=backend,
+                    seq_changed_at=changed_at,
+                )
+            )
+        if stalled and now - self._last_fr_read >= self.fr_after_s:
+            self._last_fr_read = now
+            self._pending = pending_from_fr(read_fr_json(), now)
+        for group in groups:
+            pending = self._pending.get(group.pg, [])
+            # FR can lag behind seq: only ops at or beyond the group's seq are pending.
+            group.pending = [op for op in pending if op.seq >= group.seq]
+            if group.pending and group.pending[0].timeout_s is not None:
+                group.timeout_s = group.pending[0].timeout_s
+        return groups
+
+
+def _group_id(pg: Any, names: dict[Any, str]) -> str:
+    # FR identifies groups by pg_id / the name c10d gave them ("0", "1", ...).
+    try:
+        return str(pg.group_name)
+    except Exception:
+        return str(names.get(pg, "?"))
+
+
+def read_fr_json() -> str:
+    """Dump the Flight Recorder as JSON text ("" if unavailable in this torch)."""
+    import torch
+
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return ""
+    try:
+        return str(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    except TypeError:  # older signatures take no keywords
+        return str(dump())
+
+
+def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:
+    """Parse an FR JSON dump into pending ops per group name, oldest first."""
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    status = data.get("pg_status", {}) or {}
+    completed: dict[str, int] = {}
+    for pg_id, st in status.items():
+        try:
+            completed[str(pg_id)] = int(st.get("last_completed_collective", -1))
+        except (TypeError, ValueError):
+            completed[str(pg_id)] = -1
+    out: dict[str, list[PendingOp]] = {}
+    for entry in data.get("entries", []) or []:
+        if entry.get("is_p2p") or entry.get("retired") or entry.get("state") == "completed":
+            continue
+        seq = int(entry.get("collective_seq_id", 0))
+        pg_id = str(entry.get("pg_id", ""))
+        if seq <= completed.get(pg_id, -1):
+            continue
+        group = entry.get("process_group") or [pg_id]
+        name = str(group[0]) if group else pg_id
+        created = float(entry.get("time_created_ns", 0)) / 1e9
+        timeout_ms = entry.get("timeout_ms")
+        dtypes = entry.get("input_dtypes") or []
+        out.setdefault(name, []).append(
+            PendingOp(
+                seq=seq,
+                op=str(entry.get("profiling_name", "?")),
+                sizes=[entry.get("input_sizes") or [], entry.get("output_sizes") or []],
+                dtype=str(dtypes[0]) if dtypes else "",
+                age_s=max(0.0, now - created) if created else 0.0,
+                started_at=created,
+                timeout_s=float(timeout_ms) / 1000 if timeout_ms else None,
+                state=str(entry.get("state", "")),
+            )
+        )
+    for ops in out.values():
+        ops.sort(key=lambda op: op.seq)
+    return out
+
+
+def wall_now() -> float:
+    """Wall clock used for ages (FR stamps ops with wall-clock nanoseconds)."""
+    return time.time()

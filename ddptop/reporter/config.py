@@ -1,0 +1,74 @@
+"""Reporter settings, read once from the environment of the rank.
+
+| variable | default | meaning |
+|---|---|---|
+| DDPTOP_BIND | 127.0.0.1 | address the rank's server binds (non-loopback needs a token) |
+| DDPTOP_PORT | 0 | port (0: any free port, published in the discovery record) |
+| DDPTOP_ADVERTISE | | host name/address published for multi-node viewers |
+| DDPTOP_INTERVAL | 1.0 | sampling interval in seconds |
+| DDPTOP_HISTORY | 600 | samples kept in the ring buffer (10 min at 1 Hz) |
+| DDPTOP_JOB_ID | | job id (set by ``ddptop launch``; else torchrun's run id) |
+| DDPTOP_DISABLE | | set to 1 to turn the reporter off |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ddptop import auth
+
+
+@dataclass
+class ReporterConfig:
+    """Everything the agent needs to know about its rank and how to serve it."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    job_id: str
+    restart_count: int = 0
+    bind: str = "127.0.0.1"
+    port: int = 0
+    advertise: str = ""
+    token: str | None = None
+    interval_s: float = 1.0
+    history_len: int = 600
+    fr_after_s: float = 2.0
+    store_timeout_s: float = 5.0
+
+
+def _float(env: dict[str, str], name: str, default: float) -> float:
+    try:
+        return float(env.get(name, default))
+    except ValueError:
+        return default
+
+
+def job_id_from_env(env: dict[str, str]) -> str:
+    """A file-name-safe job id shared by every rank of the job."""
+    raw = env.get("DDPTOP_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
+    if not raw or raw == "none":
+        raw = f"{env.get('MASTER_ADDR', 'local')}-{env.get('MASTER_PORT', '0')}"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", raw)[:64]
+    return safe or "job"
+
+
+def config_from_env(env: dict[str, str] | None = None) -> ReporterConfig:
+    """Build the config from torchrun's and ddptop's environment variables."""
+    env = dict(os.environ) if env is None else env
+    return ReporterConfig(
+        rank=int(env.get("RANK", "0")),
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        world_size=int(env.get("WORLD_SIZE", "1")),
+        job_id=job_id_from_env(env),
+        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        bind=env.get("DDPTOP_BIND", "127.0.0.1"),
+        port=int(env.get("DDPTOP_PORT", "0") or 0),
+        advertise=env.get("DDPTOP_ADVERTISE", ""),
+        token=auth.load_token(),
+        interval_s=max(0.05, _float(env, "DDPTOP_INTERVAL", 1.0)),
+        history_len=max(10, int(_float(env, "DDPTOP_HISTORY", 600))),
+        fr_after_s=_float(env, "DDPTOP_FR_AFTER", 2.0),
+    )

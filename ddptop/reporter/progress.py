@@ -1,0 +1,195 @@
+"""Progress counters fed by class-level patches of torch (the reporter's hot path).
+
+Everything here runs on the training thread, once per step or per batch, so each hook
+does a couple of ``perf_counter`` reads and attribute stores and nothing else: no
+allocation, no locks, no logging. The reporter thread reads the counters and turns
+them into rates; a torn read costs one slightly wrong sample, never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_perf = time.perf_counter
+
+
+class Progress:
+    """Counters shared between the training thread (writer) and the reporter (reader)."""
+
+    __slots__ = (
+        "step", "step_time_total", "last_step_pc", "last_step_at",
+        "wait_total", "batches_total", "last_batch_pc", "last_batch_at",
+        "epoch", "batch", "batches_per_epoch", "loader_iter", "primary_loader_id", "primary_iter_id",
+        "optimizer_id", "hook_errors", "on_epoch_start", "on_wrap",
+    )
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.step_time_total = 0.0  # sum of step intervals (s)
+        self.last_step_pc = 0.0
+        self.last_step_at = 0.0  # wall clock
+        self.wait_total = 0.0  # time spent inside DataLoader __next__ (s)
+        self.batches_total = 0
+        self.last_batch_pc = 0.0
+        self.last_batch_at = 0.0
+        self.epoch = -1  # -1 until the first epoch starts
+        self.batch = 0
+        self.batches_per_epoch: int | None = None
+        self.loader_iter: weakref.ref[Any] | None = None
+        self.primary_loader_id = 0
+        self.primary_iter_id = 0
+        self.optimizer_id = 0
+        self.hook_errors = 0
+        # Set by the agent: called on the training thread (cold paths only).
+        self.on_epoch_start: Callable[[int], None] | None = None
+        self.on_wrap: Callable[[str, Any, Any], None] | None = None
+
+    def mark_step(self) -> None:
+        """Count one training step (optimizer hook or ``ddptop.step()``)."""
+        now = _perf()
+        if self.last_step_pc:
+            self.step_time_total += now - self.last_step_pc
+        self.last_step_pc = now
+        self.step += 1
+        self.last_step_at = time.time()
+
+
+PROGRESS = Progress()
+
+
+def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    # With several optimizers, count the steps of the first one only: one step of
+    # training calls every optimizer once.
+    p = PROGRESS
+    ident = id(optimizer)
+    if p.optimizer_id == 0:
+        p.optimizer_id = ident
+    elif p.optimizer_id != ident:
+        return
+    p.mark_step()
+
+
+def install_torch_patches(torch_module: Any) -> list[str]:
+    """Patch optimizer, DataLoader and DDP at class level; return what was patched."""
+    patched: list[str] = []
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_optimizer_post_hook)
+    patched.append("optimizer_step_post_hook")
+    patched += _patch_dataloader()
+    patched += _patch_wrappers()
+    return patched
+
+
+def _patch_dataloader() -> list[str]:
+    from torch.utils.data import dataloader as dl
+
+    base_iter_cls = dl._BaseDataLoaderIter
+    if getattr(base_iter_cls, "_ddptop_patched", False):
+        return []
+    original_next = base_iter_cls.__next__
+    original_iter = dl.DataLoader.__iter__
+    p = PROGRESS
+
+    def __next__(self: Any) -> Any:
+        t0 = _perf()
+        try:
+            return original_next(self)
+        finally:
+            t1 = _perf()
+            p.wait_total += t1 - t0
+            if id(self) == p.primary_iter_id:
+                p.batch = self._num_yielded
+                p.batches_total += 1
+                p.last_batch_pc = t1
+
+    def __iter__(self: Any) -> Any:
+        it = original_iter(self)
+        try:
+            if p.primary_loader_id == 0:
+                # The first loader iterated is taken as the training loader.
+                p.primary_loader_id = id(self)
+            if id(self) == p.primary_loader_id:
+                p.primary_iter_id = id(it)
+                p.loader_iter = weakref.ref(it)
+                p.epoch += 1
+                p.batch = 0
+                try:
+                    p.batches_per_epoch = len(self)
+                except TypeError:  # IterableDataset without __len__
+                    p.batches_per_epoch = None
+                if p.on_epoch_start is not None:
+                    p.on_epoch_start(p.epoch)
+        except Exception:  # never raise into the training loop
+            p.hook_errors += 1
+        return it
+
+    base_iter_cls.__next__ = __next__  # type: ignore[method-assign]
+    dl.DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    base_iter_cls._ddptop_patched = True
+    return ["DataLoader.__iter__", "_BaseDataLoaderIter.__next__"]
+
+
+def _patch_wrappers() -> list[str]:
+    """Fingerprint the module a DDP (or FSDP) wrapper receives, before it verifies it."""
+    patched: list[str] = []
+    from torch.nn.parallel import DistributedDataParallel
+
+    patched += _wrap_init(DistributedDataParallel, "DistributedDataParallel")
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except Exception:  # FSDP may be unavailable in minimal builds
+        return patched
+    patched += _wrap_init(FullyShardedDataParallel, "FullyShardedDataParallel")
+    return patched
+
+
+def _wrap_init(cls: Any, label: str) -> list[str]:
+    if getattr(cls, "_ddptop_patched", False):
+        return []
+    original_init = cls.__init__
+    p = PROGRESS
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        module = args[0] if args else kwargs.get("module")
+        try:
+            if p.on_wrap is not None and module is not None:
+                p.on_wrap(label, module, kwargs.get("device_ids", args[1] if len(args) > 1 else None))
+        except Exception:
+            p.hook_errors += 1
+        original_init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls._ddptop_patched = True
+    return [f"{label}.__init__"]
+
+
+def loader_queue_depth(iterator: Any) -> tuple[int | None, int, list[int]]:
+    """Prefetched-but-unconsumed batches, worker count and worker pids of an iterator.
+
+    Multi-worker loaders keep fetched batches in ``_data_queue`` and out-of-order
+    arrivals in ``_task_info`` (entries of length 2 hold data). Read from the reporter
+    thread without locks: the numbers are advisory.
+    """
+    workers = list(getattr(iterator, "_workers", []) or [])
+    pids = [int(w.pid) for w in workers if getattr(w, "pid", None)]
+    queue = getattr(iterator, "_data_queue", None)
+    if queue is None:
+        return 0, 0, []
+    ready = 0
+    try:
+        ready += int(queue.qsize())
+    except (NotImplementedError, OSError, ValueError):
+        return None, len(workers), pids
+    task_info = getattr(iterator, "_task_info", {})
+    try:
+        ready += sum(1 for info in list(task_info.values()) if len(info) == 2)
+    except RuntimeError:  # dict changed size while we counted
+        pass
+    return ready, len(workers), pids

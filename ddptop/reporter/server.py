@@ -1,0 +1,227 @@
+"""The rank's TCP server: a selector loop that never blocks the reporter thread.
+
+Each connection starts with both sides sending the stream header; the rank then sends
+``Hello`` (with a nonce when a token is required), and a viewer may send only the fixed,
+read-only ``Request`` commands. Sockets are non-blocking and each client's output is
+capped: a viewer too slow to read loses state frames (counted as dropped), it never
+stalls the rank. A peer that sends garbage, an oversized frame or a wrong version is
+dropped with one log line; nobody else is affected.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ddptop import auth
+from ddptop.errors import ProtocolError
+from ddptop.protocol import (
+    COMMANDS,
+    PROTOCOL_VERSION,
+    AuthProof,
+    AuthResult,
+    ErrorMsg,
+    Hello,
+    Message,
+    Request,
+)
+from ddptop.wire import FrameBuffer, encode_frame, header_bytes
+
+log = logging.getLogger(__name__)
+
+MAX_CLIENT_OUTPUT = 8 * 1024 * 1024  # beyond this a slow viewer loses frames
+MAX_REQUEST_BYTES = 64 * 1024  # viewers only send small commands
+MAX_CLIENTS = 64
+
+Handler = Callable[[Request], Message]
+
+
+@dataclass(eq=False)
+class _Client:
+    sock: socket.socket
+    addr: str
+    inbuf: FrameBuffer = field(default_factory=lambda: FrameBuffer(limit=MAX_REQUEST_BYTES))
+    out: bytearray = field(default_factory=bytearray)
+    nonce: str = ""
+    authed: bool = False
+    subscribed: bool = False
+
+
+class ReporterServer:
+    """Accepts viewers and answers their requests through *handler*."""
+
+    def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
+                 handler: Handler) -> None:
+        self._sel = selectors.DefaultSelector()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((host, port))
+        self._listener.listen(16)
+        self._listener.setblocking(False)
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self.port = int(self._listener.getsockname()[1])
+        self._token = token
+        self._rank = rank
+        self._job_id = job_id
+        self._handler = handler
+        self._clients: set[_Client] = set()
+        self.dropped_frames = 0
+        self.rejected_peers = 0
+
+    @property
+    def client_count(self) -> int:
+        """Connected viewers."""
+        return len(self._clients)
+
+    @property
+    def subscribers(self) -> int:
+        """Viewers that asked for a state stream."""
+        return sum(1 for c in self._clients if c.subscribed)
+
+    def poll(self, timeout: float) -> None:
+        """Serve sockets for up to *timeout* seconds."""
+        for key, events in self._sel.select(timeout):
+            if key.data is None:
+                self._accept()
+                continue
+            client: _Client = key.data
+            if events & selectors.EVENT_READ:
+                self._read(client)
+            if events & selectors.EVENT_WRITE and client in self._clients:
+                self._flush(client)
+
+    def broadcast(self, message: Message) -> None:
+        """Queue *message* for every subscribed, authenticated viewer."""
+        if not any(c.subscribed for c in self._clients):
+            return
+        frame = encode_frame(message)
+        for client in list(self._clients):
+            if client.subscribed and client.authed:
+                self._send(client, frame, droppable=True)
+
+    def close(self) -> None:
+        """Close every socket."""
+        for client in list(self._clients):
+            self._drop(client, None)
+        try:
+            self._sel.unregister(self._listener)
+        except (KeyError, ValueError):
+            pass
+        self._listener.close()
+        self._sel.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _accept(self) -> None:
+        try:
+            sock, addr = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        if len(self._clients) >= MAX_CLIENTS:
+            sock.close()
+            self.rejected_peers += 1
+            return
+        sock.setblocking(False)
+        client = _Client(sock=sock, addr=f"{addr[0]}:{addr[1]}")
+        self._clients.add(client)
+        self._sel.register(sock, selectors.EVENT_READ, client)
+        hello = Hello(protocol=PROTOCOL_VERSION, role="rank", rank=self._rank, job_id=self._job_id)
+        if self._token:
+            client.nonce = auth.new_nonce()
+            hello.nonce, hello.auth_required = client.nonce, True
+        else:
+            client.authed = True
+        self._send(client, header_bytes() + encode_frame(hello), droppable=False)
+
+    def _read(self, client: _Client) -> None:
+        try:
+            data = client.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop(client, f"read error: {exc}")
+            return
+        if not data:
+            self._drop(client, None)
+            return
+        try:
+            messages = client.inbuf.feed(data)
+        except ProtocolError as exc:
+            self.rejected_peers += 1
+            self._drop(client, str(exc))
+            return
+        for message in messages:
+            if client not in self._clients:
+                return
+            self._dispatch(client, message)
+
+    def _dispatch(self, client: _Client, message: Message) -> None:
+        if not client.authed:
+            if isinstance(message, AuthProof) and self._token and auth.verify(
+                self._token, client.nonce, message.mac
+            ):
+                client.authed = True
+                self._send(client, encode_frame(AuthResult(ok=True)), droppable=False)
+                return
+            self.rejected_peers += 1
+            self._send(client, encode_frame(AuthResult(ok=False, reason="bad token")), droppable=False)
+            self._flush(client)
+            self._drop(client, "authentication failed")
+            return
+        if not isinstance(message, Request) or message.command not in COMMANDS:
+            what = message.command if isinstance(message, Request) else type(message).__name__
+            self._send(client, encode_frame(ErrorMsg(reason=f"unsupported request {what!r}")),
+                       droppable=False)
+            return
+        if message.command == "subscribe":
+            client.subscribed = True
+        elif message.command == "unsubscribe":
+            client.subscribed = False
+            return
+        try:
+            reply = self._handler(message)
+        except Exception as exc:  # a failing request must not kill the server
+            log.warning("ddptop: request %s failed: %s", message.command, exc)
+            reply = ErrorMsg(reason=f"{message.command} failed: {exc}", id=message.id)
+        try:
+            frame = encode_frame(reply)
+        except ProtocolError as exc:
+            frame = encode_frame(ErrorMsg(reason=str(exc), id=message.id))
+        self._send(client, frame, droppable=False)
+
+    def _send(self, client: _Client, frame: bytes, droppable: bool) -> None:
+        if droppable and len(client.out) + len(frame) > MAX_CLIENT_OUTPUT:
+            self.dropped_frames += 1
+            return
+        client.out += frame
+        self._flush(client)
+
+    def _flush(self, client: _Client) -> None:
+        while client.out:
+            try:
+                sent = client.sock.send(client.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._drop(client, f"write error: {exc}")
+                return
+            del client.out[:sent]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        try:
+            self._sel.modify(client.sock, events, client)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, client: _Client, reason: str | None) -> None:
+        if reason:
+            log.warning("ddptop rank %s: dropped viewer %s: %s", self._rank, client.addr, reason)
+        self._clients.discard(client)
+        try:
+            self._sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()

@@ -1,0 +1,48 @@
+"""Shared set-up for the probes: backend choice, a tiny model, a bounded run time.
+
+Every probe picks nccl when CUDA is available and gloo otherwise, so the same script
+runs unchanged on CPUs and GPUs, and every probe ends by itself within PROBE_SECONDS
+(env, default 60) so no test can hang on it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def setup(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
+    """init_process_group with the right backend; returns rank, world size, device."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    kwargs = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, **kwargs)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def deadline() -> float:
+    """Monotonic time at which the probe must stop."""
+    return time.monotonic() + float(os.environ.get("PROBE_SECONDS", "60"))
+
+
+def small_model(width: int = 64, classes: int = 10) -> nn.Module:
+    """A small MLP: enough parameters for DDP buckets, fast on one CPU core."""
+    return nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, classes))
+
+
+def step_sleep() -> float:
+    """Per-step pause (PROBE_STEP_SLEEP, s) so CPU jobs do not saturate small machines."""
+    return float(os.environ.get("PROBE_STEP_SLEEP", "0.02"))

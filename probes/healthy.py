@@ -1,0 +1,54 @@
+"""Healthy DDP training: the baseline that must raise no alarm.
+
+Every rank gets the same number of batches (a seeded DistributedSampler), trains a small
+MLP with DDP for PROBE_EPOCHS epochs or until PROBE_SECONDS pass, then saves a checkpoint
+on rank 0 after a barrier. Run: ``torchrun --nproc-per-node 4 probes/healthy.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from common import deadline, setup, small_model, step_sleep  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+
+def main() -> None:
+    rank, world, device = setup()
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(2048, 32), torch.randint(0, 10, (2048,)))
+    sampler = DistributedSampler(data, seed=0)
+    loader = DataLoader(data, batch_size=16, sampler=sampler,
+                        num_workers=int(os.environ.get("PROBE_WORKERS", "0")))
+    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    end = deadline()
+    epochs = int(os.environ.get("PROBE_EPOCHS", "1000"))
+    pause = step_sleep()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(pause)
+            if time.monotonic() > end:
+                break
+        if time.monotonic() > end:
+            break
+    dist.barrier()
+    if rank == 0:
+        torch.save(model.module.state_dict(), os.environ.get("PROBE_CKPT", os.devnull))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
