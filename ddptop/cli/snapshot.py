@@ -17,7 +17,8 @@ from ddptop import auth
 from ddptop.cli.format import human_bytes, human_duration, percent
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
-from ddptop.model.snapshot import JobSnapshot, take_snapshot
+from ddptop.client.collect import take_snapshot
+from ddptop.model.snapshot import JobSnapshot
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,8 @@ from ddptop.client.connection import RankConnection
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
-from ddptop.protocol import RankState
+from ddptop.model.snapshot import JobSnapshot, build_snapshot
+from ddptop.protocol import RankState, StateMsg
 from ddptop.reporter.crash import crash_signal
 
 log = logging.getLogger(__name__)
@@ -86,3 +87,18 @@ def last_words(endpoint: Endpoint) -> RankState:
     elif state.status == "running":
         state.status = "lost"
     return state
+
+
+def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 5.0) -> JobSnapshot:
+    """Ask every live rank for its state; add dead ranks' last words."""
+
+    def ask(conn: RankConnection) -> StateMsg:
+        return conn.state()
+
+    collected = per_rank(target, ask, token=token, timeout=timeout)
+    states = [m.state for m in collected.answers.values() if isinstance(m, StateMsg)]
+    states += [last_words(e) for e in target.dead]
+    unreachable = dict(collected.errors)
+    for rank in target.missing_ranks:
+        unreachable.setdefault(rank, f"rank {rank}: no record found (not started, or on another host)")
+    return build_snapshot(target.job_id, target.world_size, states, unreachable, time.time())

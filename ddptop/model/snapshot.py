@@ -1,19 +1,15 @@
 """A job at one moment: every rank's state plus what could not be reached.
 
 ``JobSnapshot`` is the document of ``ddptop snapshot --json`` (a public interface) and the
-input of the diagnosis. Building one from live ranks lives in :func:`take_snapshot`.
+input of the diagnosis. Pure: building one from live ranks is
+:func:`ddptop.client.collect.take_snapshot`.
 """
 
 from __future__ import annotations
 
-import time
-
 import msgspec
 
-from ddptop.client.collect import last_words, per_rank
-from ddptop.client.connection import RankConnection
-from ddptop.client.targets import JobTarget
-from ddptop.protocol import RankState, StateMsg
+from ddptop.protocol import RankState
 
 
 class JobInfo(msgspec.Struct, kw_only=True):
@@ -51,18 +47,3 @@ def build_snapshot(job_id: str, world_size: int, states: list[RankState],
         unreachable=dict(sorted(unreachable.items())),
     )
     return JobSnapshot(job=info, ranks=states)
-
-
-def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 5.0) -> JobSnapshot:
-    """Ask every live rank for its state; add dead ranks' last words."""
-
-    def ask(conn: RankConnection) -> StateMsg:
-        return conn.state()
-
-    collected = per_rank(target, ask, token=token, timeout=timeout)
-    states = [m.state for m in collected.answers.values() if isinstance(m, StateMsg)]
-    states += [last_words(e) for e in target.dead]
-    unreachable = dict(collected.errors)
-    for rank in target.missing_ranks:
-        unreachable.setdefault(rank, f"rank {rank}: no record found (not started, or on another host)")
-    return build_snapshot(target.job_id, target.world_size, states, unreachable, time.time())

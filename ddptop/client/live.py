@@ -1,0 +1,307 @@
+"""The live source: one selector thread holds a subscription to every rank of a job.
+
+A single thread (not one per rank) so that attaching to 4096 ranks costs one thread and
+a few file descriptors' worth of work. Each connection walks header -> Hello -> (token
+proof) -> subscribe -> history; then state frames stream in. A rank that closes its
+socket is "lost" (with its last words if it left any); one whose state stops arriving
+is "stale" (decided by the model from time, not here). Requests (stacks, FR) are sent on
+the same sockets and their replies routed back to the blocked caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from ddptop import auth
+from ddptop.client.collect import last_words
+from ddptop.client.targets import JobTarget
+from ddptop.discovery import Endpoint
+from ddptop.errors import ProtocolError
+from ddptop.model.job import CONNECTED, LOST
+from ddptop.protocol import (
+    AuthProof,
+    AuthResult,
+    ConnectionEvent,
+    ErrorMsg,
+    FrTraceMsg,
+    Hello,
+    HistoryMsg,
+    Message,
+    RecordEntry,
+    Request,
+    StacksMsg,
+    StateMsg,
+)
+from ddptop.source import Emit, StacksResult
+from ddptop.wire import FrameBuffer, encode_frame, header_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Peer:
+    endpoint: Endpoint
+    sock: socket.socket | None = None
+    buf: FrameBuffer = field(default_factory=FrameBuffer)
+    out: bytearray = field(default_factory=bytearray)
+    ready: bool = False
+    waiting: dict[int, Future[Message]] = field(default_factory=dict)
+
+
+class LiveSource:
+    """Subscribes to every rank of *target* and emits what they send."""
+
+    live = True
+
+    def __init__(self, target: JobTarget, token: str | None = None,
+                 connect_timeout: float = 5.0) -> None:
+        self.target = target
+        self.description = f"job {target.job_id} ({target.world_size} ranks)"
+        self._token = token
+        self._connect_timeout = connect_timeout
+        self._sel = selectors.DefaultSelector()
+        self._peers: dict[int, _Peer] = {}
+        self._emit: Emit | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards peer output buffers and waiting futures
+        self._next_id = 0
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+
+    def start(self, emit: Emit) -> None:
+        """Connect to every rank (non-blocking) and start the selector thread."""
+        self._emit = emit
+        now = time.time()
+        for endpoint in self.target.dead:
+            emit(RecordEntry(time=now, rank=endpoint.rank, message=StateMsg(state=last_words(endpoint))))
+            emit(ConnectionEvent(time=now, rank=endpoint.rank, status=LOST, reason="process gone"))
+        for rank in self.target.missing_ranks:
+            emit(ConnectionEvent(time=now, rank=rank, status=LOST, reason="no discovery record"))
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for endpoint in self.target.endpoints:
+            self._connect(endpoint)
+        self._thread = threading.Thread(target=self._run, name="ddptop-live", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Close every connection and end the thread."""
+        self._stop.set()
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        for peer in list(self._peers.values()):
+            self._close(peer, None)
+        for s in (self._wake_r, self._wake_w):
+            s.close()
+
+    # ------------------------------------------------------------ requests
+
+    def request_stacks(self, ranks: Sequence[int] | None = None, timeout: float = 5.0) -> StacksResult:
+        """Every selected rank's stacks; ranks that fail are listed with why."""
+        replies, errors = self._request_all("stacks", ranks, timeout)
+        stacks = {r: m for r, m in replies.items() if isinstance(m, StacksMsg)}
+        for r, m in replies.items():
+            if not isinstance(m, StacksMsg):
+                errors[r] = getattr(m, "reason", "unexpected reply")
+        return StacksResult(stacks, errors)
+
+    def request_fr_traces(self, ranks: Sequence[int] | None = None,
+                          timeout: float = 5.0) -> dict[int, FrTraceMsg]:
+        """Flight Recorder dumps of the selected ranks (failures as FrTraceMsg.error)."""
+        replies, errors = self._request_all("fr_trace", ranks, timeout)
+        out = {r: m for r, m in replies.items() if isinstance(m, FrTraceMsg)}
+        for r, why in errors.items():
+            out[r] = FrTraceMsg(rank=r, time=time.time(), error=why)
+        return out
+
+    def request_history(self, timeout: float = 5.0) -> dict[int, HistoryMsg]:
+        """Every rank's ring buffer (the recorder and export use this)."""
+        replies, _ = self._request_all("history", None, timeout)
+        return {r: m for r, m in replies.items() if isinstance(m, HistoryMsg)}
+
+    def _request_all(self, command: str, ranks: Sequence[int] | None,
+                     timeout: float) -> tuple[dict[int, Message], dict[int, str]]:
+        futures: dict[int, Future[Message]] = {}
+        errors: dict[int, str] = {}
+        wanted = list(self._peers) if ranks is None else list(ranks)
+        with self._lock:
+            for rank in wanted:
+                peer = self._peers.get(rank)
+                if peer is None or peer.sock is None or not peer.ready:
+                    errors[rank] = "not connected"
+                    continue
+                self._next_id += 1
+                fut: Future[Message] = Future()
+                peer.waiting[self._next_id] = fut
+                peer.out += encode_frame(Request(command=command, id=self._next_id))
+                futures[rank] = fut
+        self._wake()
+        deadline = time.monotonic() + timeout
+        replies: dict[int, Message] = {}
+        for rank, fut in futures.items():
+            try:
+                replies[rank] = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                errors[rank] = f"no answer within {timeout:g} s"
+            except Exception as exc:
+                errors[rank] = str(exc)
+        return replies, errors
+
+    # ------------------------------------------------------------ the thread
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _connect(self, endpoint: Endpoint) -> None:
+        peer = _Peer(endpoint=endpoint)
+        self._peers[endpoint.rank] = peer
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET)
+            sock.setblocking(False)
+            sock.connect_ex((endpoint.host, endpoint.port))
+        except OSError as exc:
+            self._lost(peer, f"cannot connect: {exc}")
+            return
+        peer.sock = sock
+        peer.out += header_bytes()
+        self._sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                for peer in self._peers.values():
+                    if peer.sock is not None and peer.out:
+                        self._flush(peer)
+            for key, events in self._sel.select(0.5):
+                if key.data is None:
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:
+                        pass
+                    continue
+                peer = key.data
+                if events & selectors.EVENT_WRITE:
+                    with self._lock:
+                        self._flush(peer)
+                if events & selectors.EVENT_READ and peer.sock is not None:
+                    self._read(peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        assert peer.sock is not None
+        try:
+            while peer.out:
+                sent = peer.sock.send(peer.out)
+                del peer.out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            self._lost(peer, f"connection failed: {exc.strerror or exc}")
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
+        try:
+            self._sel.modify(peer.sock, events, peer)
+        except (KeyError, ValueError):
+            pass
+
+    def _read(self, peer: _Peer) -> None:
+        assert peer.sock is not None
+        try:
+            data = peer.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(peer, f"connection failed: {exc.strerror or exc}")
+            return
+        if not data:
+            self._lost(peer, "connection closed by the rank")
+            return
+        try:
+            messages = peer.buf.feed(data)
+        except ProtocolError as exc:
+            self._lost(peer, str(exc))
+            return
+        for message in messages:
+            self._on_message(peer, message)
+
+    def _on_message(self, peer: _Peer, message: Message) -> None:
+        rank, now = peer.endpoint.rank, time.time()
+        if isinstance(message, Hello):
+            if message.auth_required:
+                if not self._token:
+                    self._lost(peer, f"rank requires a token (set {auth.TOKEN_ENV})")
+                    return
+                self._send(peer, AuthProof(mac=auth.prove(self._token, message.nonce)))
+            else:
+                self._ready(peer)
+            return
+        if isinstance(message, AuthResult):
+            if message.ok:
+                self._ready(peer)
+            else:
+                self._lost(peer, f"token refused: {message.reason}")
+            return
+        ident = getattr(message, "id", 0)
+        fut = peer.waiting.pop(ident, None) if ident else None
+        if fut is not None:
+            fut.set_result(message)
+        if isinstance(message, StateMsg | HistoryMsg | StacksMsg | FrTraceMsg | ErrorMsg):
+            self._deliver(RecordEntry(time=now, rank=rank, message=message))
+
+    def _ready(self, peer: _Peer) -> None:
+        peer.ready = True
+        self._deliver(ConnectionEvent(time=time.time(), rank=peer.endpoint.rank, status=CONNECTED))
+        self._send(peer, Request(command="history", id=0))
+        self._send(peer, Request(command="subscribe", id=0))
+
+    def _send(self, peer: _Peer, message: Message) -> None:
+        with self._lock:
+            peer.out += encode_frame(message)
+            if peer.sock is not None:
+                self._flush(peer)
+
+    def _deliver(self, event: RecordEntry | ConnectionEvent) -> None:
+        if self._emit is None or self._stop.is_set():
+            return
+        try:
+            self._emit(event)
+        except Exception as exc:  # a broken consumer must not kill the source
+            log.warning("ddptop: event consumer failed: %s", exc)
+
+    def _lost(self, peer: _Peer, reason: str) -> None:
+        was_ready = peer.ready
+        self._close(peer, reason)
+        if self._stop.is_set():
+            return
+        rank, now = peer.endpoint.rank, time.time()
+        if was_ready:
+            # The rank may have left last words on the way out (same host only).
+            state = last_words(peer.endpoint)
+            if state.status in ("crashed", "exited"):
+                self._deliver(RecordEntry(time=now, rank=rank, message=StateMsg(state=state)))
+        self._deliver(ConnectionEvent(time=now, rank=rank, status=LOST, reason=reason))
+
+    def _close(self, peer: _Peer, reason: str | None) -> None:
+        peer.ready = False
+        for fut in peer.waiting.values():
+            if not fut.done():
+                fut.set_exception(ProtocolError(reason or "connection closed"))
+        peer.waiting.clear()
+        if peer.sock is not None:
+            try:
+                self._sel.unregister(peer.sock)
+            except (KeyError, ValueError):
+                pass
+            peer.sock.close()
+            peer.sock = None

@@ -1,0 +1,44 @@
+"""A finding: what the diagnosis saw, on which ranks, why (numbers), and what to do.
+
+``kind`` is a public vocabulary (see ``KINDS``); the JSON of ``ddptop doctor --json`` is
+``{"findings": [Finding, ...]}`` with these field names.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+
+KINDS: frozenset[str] = frozenset((
+    "unequal_batches", "collective_mismatch", "collective_stall", "straggler", "input_bound",
+    "cpu_oversubscribed", "shm_pressure", "rank_lost", "param_mismatch", "version_mismatch",
+    "gpu_heterogeneous", "rng_divergence",
+))
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """One diagnosed problem."""
+
+    kind: str
+    severity: Severity
+    ranks: list[int]
+    title: str  # one line a person reads
+    evidence: list[str] = []  # the numbers that prove it
+    remedy: str = ""  # what to change
+    since: float | None = None  # wall clock the condition was first seen, when known
+
+    def at_least(self, severity: str) -> bool:
+        """True if this finding is *severity* or worse."""
+        return SEVERITY_ORDER[self.severity] >= SEVERITY_ORDER[severity]
+
+
+class FindingsReport(msgspec.Struct, kw_only=True):
+    """``{"findings": [...]}``, the document of ``ddptop doctor --json``."""
+
+    findings: list[Finding]
+    job_id: str = ""
+    time: float = 0.0

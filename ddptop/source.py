@@ -1,0 +1,67 @@
+"""What a data source is: the one thing the dashboard, doctor and recorder depend on.
+
+A source emits events (``RecordEntry`` wrapping a rank's message, and
+``ConnectionEvent``) through a callback, from its own thread. The live source talks to
+ranks over TCP; the replay source reads a recording. The app gets a source injected
+through its constructor and never knows which one it has (memray's live/replay split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ddptop.model.job import JobModel
+from ddptop.protocol import ConnectionEvent, FrTraceMsg, RecordEntry, StacksMsg
+
+Event = RecordEntry | ConnectionEvent
+Emit = Callable[[Event], None]
+
+
+class StacksResult:
+    """Stacks gathered from ranks, and the ranks that could not give theirs (with why)."""
+
+    def __init__(self, stacks: dict[int, StacksMsg], errors: dict[int, str]) -> None:
+        self.stacks = stacks
+        self.errors = errors
+
+
+class JobSource(Protocol):
+    """A stream of job events plus on-demand requests."""
+
+    live: bool
+    description: str
+
+    def start(self, emit: Emit) -> None:
+        """Begin emitting events from a background thread; returns at once."""
+
+    def stop(self) -> None:
+        """Stop emitting and release every resource (idempotent)."""
+
+    def request_stacks(self, ranks: Sequence[int] | None = None, timeout: float = 5.0) -> StacksResult:
+        """Blocking: every selected rank's stacks (call from a worker, not the UI thread)."""
+        ...
+
+    def request_fr_traces(self, ranks: Sequence[int] | None = None,
+                          timeout: float = 5.0) -> dict[int, FrTraceMsg]:
+        """Blocking: Flight Recorder dumps of the selected ranks."""
+        ...
+
+
+class ReplayableSource(JobSource, Protocol):
+    """A source over a finished recording: the app asks for the job at any moment.
+
+    The dashboard in replay mode does not fold events; it asks ``model_at(t)`` whenever
+    the timeline moves, so every panel shows the state at the chosen moment.
+    """
+
+    start_time: float
+    end_time: float
+
+    def model_at(self, t: float) -> JobModel:
+        """The job as it was known at wall-clock time *t* (events with time <= t)."""
+        ...
+
+    def event_times(self) -> list[float]:
+        """Times at which anything was recorded, ascending (for stepping)."""
+        ...
