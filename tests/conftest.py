@@ -1,0 +1,36 @@
+"""Shared fixtures: real jobs with guaranteed clean-up, private runtime directories."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.jobs import JobRunner
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private DDPTOP_RUNTIME_DIR for this test (in-process code sees it too)."""
+    path = tmp_path / "rt"
+    path.mkdir(mode=0o700, exist_ok=True)
+    monkeypatch.setenv("DDPTOP_RUNTIME_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def job_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobRunner]:
+    """Start real `ddptop launch -- torchrun` jobs; all are killed at teardown."""
+    runner = JobRunner(tmp_path)
+    monkeypatch.setenv("DDPTOP_RUNTIME_DIR", str(runner.runtime_dir))
+    try:
+        yield runner
+    finally:
+        runner.stop_all()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Ranks and viewers started by tests must never pick up a developer's token.
+    os.environ.pop("DDPTOP_TOKEN", None)

@@ -1,0 +1,148 @@
+"""Real torchrun jobs for tests: started under `ddptop launch`, owned, always reaped.
+
+Each job runs in its own session (process group); ``stop()`` kills the whole group, and
+the ``job_runner`` fixture stops every job it started even when a test fails. Every
+wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBES = ROOT / "probes"
+BIN = Path(sys.executable).parent
+
+
+def ddptop_cmd(*args: str) -> list[str]:
+    """Command line running the ddptop CLI of this checkout."""
+    return [sys.executable, "-m", "ddptop", *args]
+
+
+@dataclass
+class RunningJob:
+    """A `ddptop launch -- torchrun ...` job started by a test."""
+
+    job_id: str
+    proc: subprocess.Popen[bytes]
+    runtime_dir: Path
+    log_path: Path
+    env: dict[str, str]
+    started: float = field(default_factory=time.monotonic)
+
+    def run_cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run a ddptop verb against this job's runtime dir (bounded)."""
+        return subprocess.run(ddptop_cmd(*args), env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def snapshot(self, timeout: float = 30.0) -> dict[str, Any]:
+        """`ddptop snapshot --json JOB` parsed (raises with stderr if it printed nothing)."""
+        res = self.run_cli("snapshot", "--json", self.job_id, timeout=timeout)
+        if not res.stdout.strip():
+            raise AssertionError(f"snapshot printed nothing (rc {res.returncode}): {res.stderr}")
+        return dict(json.loads(res.stdout))
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60.0,
+                 interval: float = 0.5) -> dict[str, Any]:
+        """Poll snapshots until *predicate(snapshot)* holds; AssertionError on timeout."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                last = self.snapshot()
+                if predicate(last):
+                    return last
+            except (AssertionError, json.JSONDecodeError, subprocess.TimeoutExpired):
+                pass
+            if self.proc.poll() is not None and not last:
+                break
+            time.sleep(interval)
+        raise AssertionError(f"condition not met within {timeout}s; last snapshot: "
+                             f"{json.dumps(last)[:2000]}\nlog:\n{self.log()[-3000:]}")
+
+    def wait_ranks(self, n: int, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait until *n* ranks answer with a started training loop."""
+        return self.wait_for(lambda s: sum(1 for r in s["ranks"] if r["status"] == "running") >= n,
+                             timeout)
+
+    def log(self) -> str:
+        """What the job printed so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait(self, timeout: float = 60.0) -> int:
+        """Wait for the job to end by itself (bounded); return its exit code."""
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """Kill the job's whole process group (idempotent)."""
+        if self.proc.poll() is None:
+            for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # Ranks may outlive torchrun after SIGKILL of the group leader: sweep the group.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class JobRunner:
+    """Starts probe jobs for one test and stops them all at teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.runtime_dir = tmp / "rt"
+        self.runtime_dir.mkdir(mode=0o700, exist_ok=True)
+        self.jobs: list[RunningJob] = []
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for jobs and CLI calls of this test (private runtime dir)."""
+        env = dict(os.environ)
+        env.update({"DDPTOP_RUNTIME_DIR": str(self.runtime_dir), "PYTHONUNBUFFERED": "1",
+                    "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}"})
+        env.update(extra or {})
+        return env
+
+    def start(self, probe: str, nproc: int = 4, env: dict[str, str] | None = None,
+              interval: float = 0.25, args: list[str] | None = None,
+              launch_args: list[str] | None = None) -> RunningJob:
+        """Start ``ddptop launch -- torchrun --nproc-per-node N probes/<probe>.py``."""
+        job_id = f"t{uuid.uuid4().hex[:8]}"
+        full_env = self.env({"PROBE_SECONDS": "60", **(env or {})})
+        log_path = self.tmp / f"{job_id}.log"
+        cmd = ddptop_cmd("launch", "--job-id", job_id, "--interval", str(interval),
+                         *(launch_args or []), "--",
+                         str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc),
+                         str(PROBES / f"{probe}.py"), *(args or []))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        job = RunningJob(job_id=job_id, proc=proc, runtime_dir=self.runtime_dir,
+                         log_path=log_path, env=full_env)
+        self.jobs.append(job)
+        return job
+
+    def stop_all(self) -> None:
+        """Stop every job this runner started."""
+        for job in self.jobs:
+            job.stop()
