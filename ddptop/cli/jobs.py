@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from ddptop import discovery
 from ddptop.cli.format import human_duration, rank_ranges
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     every = discovery.jobs_on_host(include_stale=True)
     names = sorted(every if args.all else live)
     now = time.time()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for job in names:
         alive = live.get(job, [])
         ranks = every.get(job, [])

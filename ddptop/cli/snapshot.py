@@ -15,15 +15,16 @@ from rich.table import Table
 
 from ddptop import auth
 from ddptop.cli.format import human_bytes, human_duration, percent
+from ddptop.client.collect import take_snapshot
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
-from ddptop.client.collect import take_snapshot
 from ddptop.model.snapshot import JobSnapshot
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add snapshot's options."""
-    parser.add_argument("target", nargs="?", help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here)")
+    parser.add_argument("target", nargs="?",
+                        help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here)")
     parser.add_argument("--json", action="store_true", help="print JSON (a stable interface)")
     parser.add_argument("--timeout", type=float, default=5.0, help="per-rank timeout in seconds")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from types import FrameType
 
 from ddptop.protocol import FrameStack, ThreadStack
 
@@ -24,7 +25,7 @@ def all_thread_stacks(skip_self: bool = True) -> list[ThreadStack]:
         if skip_self and thread_id == me:
             continue
         frames: list[FrameStack] = []
-        current = frame
+        current: FrameType | None = frame
         while current is not None and len(frames) < MAX_FRAMES:
             code = current.f_code
             frames.append(FrameStack(file=code.co_filename, line=current.f_lineno or 0,
