@@ -1,0 +1,164 @@
+"""``ddptop doctor [--json] [--watch SECONDS] [TARGET]``: diagnose a job or a recording.
+
+Attaches to every rank (one selector thread, :class:`~ddptop.client.live.LiveSource`),
+folds what arrives into a :class:`~ddptop.model.job.JobModel` for up to SECONDS, then
+prints the findings of :func:`ddptop.diagnosis.diagnose`. A TARGET that is a file is read
+as a recording or bundle instead. Exit 0 when nothing of warning or worse was found,
+1 when something was, 2 on an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ddptop import auth
+from ddptop.cli.format import human_duration, rank_ranges
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import resolve
+from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
+from ddptop.errors import DdptopError, FindingsPresent, UsageError
+from ddptop.model.job import JobModel
+from ddptop.protocol import ConnectionEvent, RecordEntry, StateMsg
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WATCH_S = 3.0
+MAX_WATCH_S = 24 * 3600.0
+TICK_S = 0.2
+MIN_STATES = 2  # states per rank before an early stop: one sample cannot show a trend
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add doctor's options."""
+    parser.add_argument("target", nargs="?",
+                        help="job id, MASTER_ADDR:MASTER_PORT, or a recording/bundle file "
+                             "(default: the only job here)")
+    parser.add_argument("--json", action="store_true", help='print {"findings": [...]} (a stable interface)')
+    parser.add_argument("--watch", type=float, default=DEFAULT_WATCH_S, metavar="SECONDS",
+                        help=f"observe a live job for up to SECONDS (default {DEFAULT_WATCH_S:g})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Diagnose, print the findings; FindingsPresent (exit 1) if any is warning or worse."""
+    watch = float(args.watch)
+    if not 0 < watch <= MAX_WATCH_S:
+        raise UsageError(f"--watch must be between 0 and {MAX_WATCH_S:g} seconds, not {args.watch}")
+    if args.target and Path(args.target).is_file():
+        model, now = _load_bundle(Path(args.target))
+    else:
+        model, now = observe(args.target, watch)
+    findings = findings_for_model(model, now)
+    report = FindingsReport(findings=findings, job_id=model.job_id, time=now)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+        sys.stdout.flush()
+    else:
+        Console().print(render(report, len(model.ranks)))
+    bad = [f for f in findings if f.at_least("warning")]
+    if bad:
+        kinds = Counter(f.kind for f in bad)
+        raise FindingsPresent(f"{len(bad)} finding(s) of warning or worse: "
+                              + ", ".join(f"{k} x{n}" if n > 1 else k for k, n in kinds.items()))
+    return 0
+
+
+def _load_bundle(path: Path) -> tuple[JobModel, float]:
+    # Imported lazily: bundles are optional for a live doctor, and the reader may not exist.
+    try:
+        reader = importlib.import_module("ddptop.bundle.reader")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("ddptop.bundle", "ddptop.bundle.reader"):
+            raise UsageError("reading bundles is not available") from None
+        raise
+    load = getattr(reader, "load_model", None)
+    if load is None:
+        raise UsageError("reading bundles is not available")
+    model, end = cast(Callable[[Path], tuple[JobModel, float]], load)(path)
+    return model, float(end)
+
+
+def observe(target_text: str | None, watch_s: float,
+            clock: Callable[[], float] = time.time) -> tuple[JobModel, float]:
+    """Attach to a live job, fold its events for up to *watch_s*; return the model and the time.
+
+    Stops early once every rank has sent ``MIN_STATES`` states (or is gone): by then each
+    rank's history and current state are in, and waiting longer adds nothing to a snapshot.
+    """
+    target = resolve(target_text)
+    model = JobModel(job_id=target.job_id, world_size=target.world_size)
+    lock = threading.Lock()
+    states: Counter[int] = Counter()
+    gone: set[int] = set()
+
+    def emit(event: RecordEntry | ConnectionEvent) -> None:
+        # Called on the source's thread: the model is shared with this one.
+        with lock:
+            model.apply(event)
+            if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
+                states[event.rank] += 1
+                if event.message.state.status in ("crashed", "exited"):
+                    gone.add(event.rank)
+            elif isinstance(event, ConnectionEvent) and event.status == "lost":
+                gone.add(event.rank)
+
+    source = LiveSource(target, token=auth.load_token())
+    start = time.monotonic()
+    source.start(emit)
+    try:
+        while time.monotonic() - start < watch_s:
+            time.sleep(TICK_S)
+            with lock:
+                done = all(states[r] >= MIN_STATES or r in gone for r in range(target.world_size))
+            if done and target.world_size:
+                log.debug("every rank reported %d states after %s", MIN_STATES,
+                          human_duration(time.monotonic() - start))
+                break
+    finally:
+        source.stop()
+    with lock:
+        if not states:
+            raise DdptopError(f"no rank of job {target.job_id} sent its state within "
+                              f"{human_duration(watch_s)} (try a longer --watch)")
+        return model, clock()
+
+
+def render(report: FindingsReport, ranks_seen: int) -> Table:
+    """The findings as a rich table: severity, kind, ranks, then title, evidence and remedy."""
+    table = Table(title=f"ddptop doctor: job {report.job_id or '?'}, {ranks_seen} ranks, "
+                        f"{len(report.findings)} finding(s)", show_lines=True)
+    table.add_column("severity")
+    table.add_column("kind")
+    table.add_column("ranks")
+    table.add_column("finding")
+    if not report.findings:
+        table.add_row(Text("ok", style="green"), "", "", "nothing wrong found")
+    for f in report.findings:
+        table.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.kind,
+                      rank_ranges(f.ranks), _details(f))
+    return table
+
+
+def _details(f: Finding) -> Text:
+    text = Text(f.title, style="bold")
+    for line in f.evidence:
+        text.append(f"\n  {line}")
+    if f.remedy:
+        text.append("\nfix: ", style="green")
+        text.append(f.remedy)
+    return text

@@ -1,0 +1,87 @@
+"""Helpers shared by the rule modules: rank phases, robust statistics, text."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Iterable, Sequence
+
+from ddptop.cli.format import human_duration, rank_ranges
+from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.model.snapshot import JobSnapshot
+from ddptop.protocol import CollectiveGroup, PendingOp, RankState, Sample
+
+log = logging.getLogger(__name__)
+
+# Status words of ranks that are still part of the running job.
+ACTIVE = frozenset(("starting", "running", "stale"))
+GONE = frozenset(("lost", "crashed", "exited"))
+
+__all__ = [
+    "ACTIVE",
+    "GONE",
+    "active",
+    "fresh_ranks",
+    "group",
+    "human_duration",
+    "median",
+    "op_age",
+    "rank_ranges",
+    "ranks_text",
+    "window",
+]
+
+
+def active(snapshot: JobSnapshot) -> list[RankState]:
+    """Ranks still part of the job (starting, running or stale), by rank."""
+    return [s for s in snapshot.ranks if s.status in ACTIVE]
+
+
+def fresh_ranks(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> set[int]:
+    """Ranks that (re)started recently: not to be judged on speed or on lagging peers.
+
+    A rank is fresh while it is younger than ``warmup_s``, and also when its restart
+    count is above the lowest in the job (torchelastic restarted it; its counters are
+    from a new process and cannot be compared with its peers' yet).
+    """
+    states = active(snapshot)
+    if not states:
+        return set()
+    low = min(s.restart_count for s in states)
+    out: set[int] = set()
+    for s in states:
+        young = s.start_time > 0 and now - s.start_time < config.warmup_s
+        if young or (s.restart_count > low and now - s.start_time < config.window_s):
+            out.add(s.rank)
+    return out
+
+
+def window(samples: Sequence[Sample], state: RankState, now: float, span_s: float) -> list[Sample]:
+    """Samples of the last *span_s* seconds taken after the rank's (re)start."""
+    since = max(now - span_s, state.start_time)
+    return [s for s in samples if s.time >= since]
+
+
+def median(values: Iterable[float | int | None]) -> float | None:
+    """Median of the known values; None when there are none."""
+    known = [float(v) for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def group(state: RankState, pg: str) -> CollectiveGroup | None:
+    """The rank's process group named *pg*, if it reported one."""
+    for g in state.collectives:
+        if g.pg == pg:
+            return g
+    return None
+
+
+def op_age(op: PendingOp, state: RankState, now: float) -> float:
+    """Age of a pending op at *now*: its age when sampled plus the time since the sample."""
+    return op.age_s + max(0.0, now - state.time) if state.time else op.age_s
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """'rank 3' or 'ranks 0-2,5' for a set of ranks."""
+    ordered = sorted(set(ranks))
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {rank_ranges(ordered)}"

@@ -1,0 +1,46 @@
+"""The diagnosis entry point: run every rule, isolate failures, sort by severity."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ddptop.diagnosis import rules_collectives, rules_identity, rules_progress, rules_system
+from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
+from ddptop.model.snapshot import JobSnapshot
+from ddptop.protocol import Sample
+
+log = logging.getLogger(__name__)
+
+Rule = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], list[Finding]]
+
+# Order matters only for ties in the output: root causes before their consequences.
+RULES: tuple[Rule, ...] = (
+    rules_identity.rank_lost,
+    rules_collectives.collective_mismatch,
+    rules_progress.unequal_batches,
+    rules_identity.param_mismatch,
+    rules_collectives.collective_stall,
+    rules_progress.straggler,
+    rules_progress.input_bound,
+    rules_system.cpu_oversubscribed,
+    rules_system.shm_pressure,
+    rules_system.gpu_heterogeneous,
+    rules_system.version_mismatch,
+    rules_identity.rng_divergence,
+)
+
+
+def diagnose(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+             config: DiagnosisConfig | None = None) -> list[Finding]:
+    """Every finding for the job at *now*, most severe first (pure; the clock is passed in)."""
+    config = config or DiagnosisConfig()
+    found: list[tuple[int, Finding]] = []
+    for index, rule in enumerate(RULES):
+        try:
+            found += [(index, f) for f in rule(snapshot, histories, now, config)]
+        except Exception:  # one broken rule must not hide what the others found
+            log.exception("diagnosis rule %s failed", getattr(rule, "__name__", rule))
+    found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
+    return [f for _, f in found]

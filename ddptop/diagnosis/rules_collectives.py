@@ -1,0 +1,213 @@
+"""Collective rules: collective_mismatch and collective_stall (catalog F2, F3, F5).
+
+Both read each rank's process groups: the sequence number (how many collectives the
+rank entered) and the pending ops the reporter took from the Flight Recorder once the
+group stopped advancing. A mismatch is certain whatever its age; a stall is judged by
+age, and "every rank in the same collective, young" is a legitimately slow save.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, op_age, ranks_text
+from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.snapshot import JobSnapshot
+from ddptop.protocol import PendingOp, RankState, Sample
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
+
+
+@dataclass(frozen=True)
+class _Entry:
+    rank: int
+    op: PendingOp
+    age: float
+
+
+def _label(op: PendingOp) -> str:
+    sizes = f" {op.sizes[0]}" if op.sizes and op.sizes[0] else ""
+    return f"{op.op}{sizes}"
+
+
+def _pending_by_seq(states: list[RankState], pg: str, now: float) -> dict[int, list[_Entry]]:
+    out: dict[int, list[_Entry]] = {}
+    for s in states:
+        g = group(s, pg)
+        if g is None:
+            continue
+        for op in g.pending:
+            out.setdefault(op.seq, []).append(_Entry(s.rank, op, op_age(op, s, now)))
+    return out
+
+
+def _group_names(states: list[RankState]) -> list[str]:
+    return sorted({g.pg for s in states for g in s.collectives})
+
+
+def _considered(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> list[RankState]:
+    # A rank that just restarted counts its collectives from 0 again: its seq and
+    # pending ops cannot be compared with its peers' until they restart too.
+    fresh = fresh_ranks(snapshot, now, config)
+    low = min((s.restart_count for s in active(snapshot)), default=0)
+    return [s for s in active(snapshot) if not (s.rank in fresh and s.restart_count > low)]
+
+
+def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                        config: DiagnosisConfig) -> list[Finding]:
+    """Ranks pending at the same group and seq with a different op or different sizes."""
+    states = _considered(snapshot, now, config)
+    out: list[Finding] = []
+    for pg in _group_names(states):
+        for seq, entries in sorted(_pending_by_seq(states, pg, now).items()):
+            kinds = Counter(_key(e.op) for e in entries)
+            if len(entries) < 2 or len(kinds) < 2:
+                continue
+            major = kinds.most_common(1)[0][0]
+            sides: dict[tuple[str, str], list[_Entry]] = {}
+            for e in entries:
+                sides.setdefault(_key(e.op), []).append(e)
+            parts = [f"{ranks_text(e.rank for e in es)} in {es[0].op.op} #{seq}"
+                     + (f" sizes {es[0].op.sizes}" if es[0].op.sizes else "")
+                     for _, es in sorted(sides.items(), key=lambda kv: kv[0] != major)]
+            odd = sorted(e.rank for e in entries if _key(e.op) != major)
+            oldest = max(e.age for e in entries)
+            out.append(Finding(
+                kind="collective_mismatch", severity="critical", ranks=odd,
+                title=f"collective mismatch in group {pg} at #{seq}: " + "; ".join(parts),
+                evidence=[f"rank {e.rank}: {_label(e.op)} #{seq}, waiting {human_duration(e.age)}"
+                          for e in sorted(entries, key=lambda e: e.rank)]
+                + [f"these ranks entered collective #{seq} with different calls: it can never complete"
+                   f" (oldest waits {human_duration(oldest)})"],
+                remedy=("the ranks took different code paths: usually one rank ran out of batches first "
+                        "(unequal dataset split) and went on to save/evaluate; give every rank the same "
+                        "number of batches (seeded split, DistributedSampler) and guard rank-dependent "
+                        "collectives"),
+                since=now - oldest,
+            ))
+    return out
+
+
+def _key(op: PendingOp) -> tuple[str, str]:
+    return op.op, repr(op.sizes) if op.sizes else ""
+
+
+def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                     config: DiagnosisConfig) -> list[Finding]:
+    """Ranks waiting in a collective a peer never entered, or every rank stuck in the same one."""
+    states = _considered(snapshot, now, config)
+    if len(states) < 2 and snapshot.job.world_size < 2:
+        return []  # a one-rank job has no peer to wait for
+    out: list[Finding] = []
+    for pg in _group_names(states):
+        members = [s for s in states if group(s, pg) is not None]
+        seqs = {s.rank: g.seq for s in members if (g := group(s, pg)) is not None}
+        top = max(seqs.values(), default=0)
+        if top == 0:
+            continue  # start-up: no collective entered yet
+        pending = _pending_by_seq(members, pg, now).get(top, [])
+        if len({_key(e.op) for e in pending}) > 1:
+            continue  # a mismatch: collective_mismatch explains it
+        waiting = {e.rank: e for e in pending}
+        # Without Flight Recorder data, a rank at the top seq that has not moved is waiting too.
+        for s in members:
+            g = group(s, pg)
+            if g is not None and s.rank not in waiting and g.seq == top and not g.pending \
+                    and g.seq_changed_at and now - g.seq_changed_at >= config.stall_s:
+                waiting[s.rank] = _Entry(s.rank, PendingOp(seq=top, op=_UNKNOWN_OP), now - g.seq_changed_at)
+        if not waiting:
+            continue
+        age = min(e.age for e in waiting.values())
+        behind = {r: q for r, q in seqs.items() if q < top}
+        gone = {r: st for r, st in _gone_ranks(snapshot).items() if r not in seqs}
+        size = max((g.size for s in members if (g := group(s, pg)) is not None), default=0)
+        if pg == "0" or size == snapshot.job.world_size:
+            for r in snapshot.job.unreachable:
+                gone.setdefault(r, "did not report")
+        op = next(iter(waiting.values())).op
+        where = f"{op.op} #{top}" + ("" if pg == "0" else f" (group {pg})")
+        if behind or gone:
+            finding = _partial_stall(snapshot, pg, where, waiting, behind, gone, age, now, config)
+        else:
+            finding = _all_stuck(snapshot, where, top, waiting, age, now, config)
+        if finding is not None:
+            out.append(finding)
+    return out
+
+
+def _gone_ranks(snapshot: JobSnapshot) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for s in snapshot.ranks:
+        if s.status in ("lost", "crashed", "exited"):
+            out[s.rank] = s.status + (f" ({s.exit_reason})" if s.exit_reason else "")
+    return out
+
+
+def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int, _Entry],
+                   behind: dict[int, int], gone: dict[int, str], age: float, now: float,
+                   config: DiagnosisConfig) -> Finding | None:
+    if age < config.stall_s:
+        return None
+    by_rank = snapshot.by_rank()
+    lagging = sorted(set(behind) | set(gone))
+    evidence = [f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}"]
+    for r in sorted(behind):
+        s = by_rank[r]
+        last = f", last step {human_duration(now - s.last_step_at)} ago" if s.last_step_at else ""
+        evidence.append(f"rank {r} never entered it (seq {behind[r]}, step {s.step}{last})")
+    evidence += [f"rank {r} {why}" for r, why in sorted(gone.items())]
+    op = next(iter(waiting.values())).op
+    if op.timeout_s:
+        evidence.append(f"the watchdog fires after {human_duration(op.timeout_s)}, "
+                        f"{human_duration(max(0.0, op.timeout_s - age))} from now")
+    critical = age >= config.stall_critical_s or bool(gone) or bool(
+        op.timeout_s and age >= op.timeout_s / 2)
+    return Finding(
+        kind="collective_stall", severity="critical" if critical else "warning", ranks=lagging,
+        title=f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}; "
+              f"{ranks_text(lagging)} never entered it",
+        evidence=evidence,
+        remedy=(f"look at what {ranks_text(lagging)} is doing (stacks: press s in `ddptop attach`): a rank "
+                "that loads data slowly, ran out of batches, or took another code path; if it is saving a "
+                "checkpoint, that is expected for the duration of the save"),
+        since=now - age,
+    )
+
+
+def _all_stuck(snapshot: JobSnapshot, where: str, top: int, waiting: dict[int, _Entry],
+               age: float, now: float, config: DiagnosisConfig) -> Finding | None:
+    first = top <= 1
+    limit = config.first_collective_stall_s if first else config.all_stuck_s
+    if age < limit or len(waiting) < len(active(snapshot)):
+        return None  # a young collective every rank is in: a slow save or a big all-gather
+    if any(e.op.op == _UNKNOWN_OP for e in waiting.values()):
+        return None  # seq not moving on every rank is idleness (eval, save), not proof of a collective
+    evidence = [f"all {len(waiting)} ranks have been inside {where} for {human_duration(age)}"]
+    utils = [s.gpu.util_percent for s in active(snapshot) if s.gpu and s.gpu.util_percent is not None]
+    if utils:
+        evidence.append(f"GPU busy {min(utils):.0f}-{max(utils):.0f}%")
+    p2p = sorted({w for s in active(snapshot) if s.gpu for w in s.gpu.p2p.values()})
+    if p2p:
+        evidence.append("NVML P2P status: " + ", ".join(p2p))
+    nccl = snapshot.job.backend == "nccl" or any("nccl" in e.op.op.lower() for e in waiting.values())
+    if first:
+        evidence.append("no rank completed any collective")
+        remedy = ("the first collective never completes: on nccl this is the P2P-transport signature; "
+                  "export NCCL_P2P_DISABLE=1 and retry (NCCL_DEBUG=INFO shows the transport chosen)"
+                  if nccl else
+                  "check the network between the ranks (firewall, interface: GLOO_SOCKET_IFNAME)")
+    else:
+        remedy = ("every rank is inside the same collective and none completes: check the network and "
+                  "NCCL_DEBUG=INFO output; a huge all-gather on a slow link can also take this long")
+    critical = age >= config.all_stuck_critical_s or (first and nccl and bool(utils) and min(utils) >= 90)
+    return Finding(
+        kind="collective_stall", severity="critical" if critical else "warning", ranks=sorted(waiting),
+        title=f"all {len(waiting)} ranks stuck in {where} for {human_duration(age)}"
+              + (" (the first collective)" if first else ""),
+        evidence=evidence, remedy=remedy, since=now - age,
+    )

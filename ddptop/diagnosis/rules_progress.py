@@ -1,0 +1,160 @@
+"""Progress rules: unequal_batches, straggler, input_bound.
+
+unequal_batches needs no history: the loader lengths are known before the first batch,
+so it fires hours before the end-of-epoch desync it predicts (catalog F5). straggler and
+input_bound judge a window of history, so that one slow sample never raises an alarm.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from ddptop.diagnosis.common import active, fresh_ranks, human_duration, median, ranks_text, window
+from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.snapshot import JobSnapshot
+from ddptop.protocol import RankState, Sample
+
+log = logging.getLogger(__name__)
+
+
+def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                    config: DiagnosisConfig) -> list[Finding]:
+    """Loader lengths (batches per epoch) differ across ranks: a desync at the epoch's end."""
+    counts = {s.rank: s.batches_per_epoch for s in active(snapshot) if s.batches_per_epoch is not None}
+    if len(counts) < 2 or len(set(counts.values())) < 2:
+        return []
+    majority, _ = Counter(counts.values()).most_common(1)[0]
+    odd = sorted(r for r, c in counts.items() if c != majority)
+    shortest = min(counts.values())
+    first_out = sorted(r for r, c in counts.items() if c == shortest)
+    by_rank = snapshot.by_rank()
+    evidence = ["batches per epoch: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))]
+    lead = by_rank[first_out[0]]
+    left = shortest - lead.batch
+    if lead.step_time_s and left >= 0:
+        evidence.append(f"{ranks_text(first_out)} runs out after {shortest} batches: {left} left in epoch "
+                        f"{lead.epoch}, about {human_duration(left * lead.step_time_s)} at "
+                        f"{lead.step_time_s:.3f} s/step")
+    rng = _numpy_rng_note(list(by_rank.values()))
+    if rng:
+        evidence.append(rng)
+    return [Finding(
+        kind="unequal_batches", severity="critical", ranks=odd,
+        title=(f"dataloader lengths differ across ranks ({min(counts.values())}..{max(counts.values())} "
+               f"batches): the job will desync at the end of the epoch"),
+        evidence=evidence,
+        remedy=("give every rank the same data: seed the split (train_test_split(..., seed=1234)) and "
+                "np.random.seed(...); numpy is not seeded by torch.manual_seed; use DistributedSampler "
+                "(drop_last=True for uneven shards)"),
+    )]
+
+
+def _numpy_rng_note(states: list[RankState]) -> str:
+    fps = {s.rank: s.rng_fingerprint.numpy for s in states if s.rng_fingerprint and s.rng_fingerprint.numpy}
+    if len(set(fps.values())) > 1:
+        distinct = len(set(fps.values()))
+        return f"numpy RNG state differs across ranks ({distinct} distinct): numpy was not seeded alike"
+    return ""
+
+
+def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+              config: DiagnosisConfig) -> list[Finding]:
+    """One rank persistently slower than its peers (step time, or share of time waiting for data).
+
+    In synchronous DDP every rank's step interval is the same (the all-reduce waits for the
+    slowest), so the slow rank also shows as the one that spends far more of each step in
+    its DataLoader than its peers do; both signals are medians over ``window_s``.
+    """
+    fresh = fresh_ranks(snapshot, now, config)
+    stats: dict[int, tuple[float | None, float | None]] = {}
+    for s in active(snapshot):
+        if s.rank in fresh or s.status != "running":
+            continue
+        samples = window(histories.get(s.rank, []), s, now, config.window_s)
+        if len(samples) < config.min_samples:
+            continue
+        stats[s.rank] = (median(x.step_time_s for x in samples),
+                         median(x.data_wait_fraction for x in samples))
+    if len(stats) < 2:
+        return []
+    out: list[Finding] = []
+    for rank, (step, wait) in sorted(stats.items()):
+        others = [v for r, v in stats.items() if r != rank]
+        o_step = median(v[0] for v in others)
+        o_wait = median(v[1] for v in others)
+        why: list[str] = []
+        if step is not None and o_step and step > o_step * config.straggler_ratio \
+                and step - o_step >= config.straggler_min_diff_s:
+            why.append(f"median step time {step:.3f} s vs {o_step:.3f} s on the others "
+                       f"({step / o_step:.1f}x) over the last {config.window_s:.0f} s")
+        if wait is not None and o_wait is not None and wait - o_wait >= config.straggler_wait_gap:
+            why.append(f"waits for data {wait:.0%} of each step vs {o_wait:.0%} on the others "
+                       f"(median over the last {config.window_s:.0f} s)")
+        if not why:
+            continue
+        state = snapshot.by_rank()[rank]
+        steps = {s.rank: s.step for s in active(snapshot)}
+        others_step = median(v for r, v in steps.items() if r != rank)
+        if others_step is not None:
+            why.append(f"step {state.step} vs median {others_step:.0f} on the others")
+        out.append(Finding(
+            kind="straggler", severity="warning", ranks=[rank],
+            title=f"rank {rank} is the straggler: every other rank waits for it in each all-reduce",
+            evidence=why, remedy=_straggler_remedy(state),
+        ))
+    # Several "stragglers" at once are not one slow rank: keep the finding only when it is few.
+    return out if len(out) <= max(1, len(stats) // 4) else []
+
+
+def _straggler_remedy(state: RankState) -> str:
+    if state.data_wait_fraction is not None and state.data_wait_fraction > 0.3:
+        return (f"rank {state.rank} is slow to load data on {state.host}: check that host's CPU load and "
+                f"disk, keep num_workers x local ranks <= cores (num_workers now {state.loader_workers})")
+    return (f"check rank {state.rank}'s host {state.host} (CPU/GPU load, thermal throttling, other jobs) "
+            "and whether its batches are larger (sort or bucket by length alike on every rank)")
+
+
+def input_bound(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                config: DiagnosisConfig) -> list[Finding]:
+    """Ranks that spend most of each step waiting for a DataLoader whose queue is empty."""
+    fresh = fresh_ranks(snapshot, now, config)
+    hits: dict[int, tuple[float, float | None]] = {}
+    for s in active(snapshot):
+        if s.rank in fresh or s.status != "running":
+            continue
+        samples = window(histories.get(s.rank, []), s, now, config.window_s)
+        if len(samples) < config.min_samples:
+            continue
+        wait = median(x.data_wait_fraction for x in samples)
+        ready = median(x.loader_ready_batches for x in samples)
+        if wait is None or wait <= config.input_bound_wait:
+            continue
+        if ready is not None and ready > config.input_bound_ready:
+            continue  # batches are waiting in the queue: the time goes elsewhere
+        hits[s.rank] = (wait, ready)
+    if not hits:
+        return []
+    by_rank = snapshot.by_rank()
+    evidence = [f"rank {r}: waits for data {w:.0%} of each step, "
+                f"{'?' if q is None else f'{q:.0f}'} batches prefetched, "
+                f"num_workers {by_rank[r].loader_workers}" for r, (w, q) in sorted(hits.items())]
+    workers = max(by_rank[r].loader_workers for r in hits)
+    cores = min((by_rank[r].cpu_count or 0) for r in hits)
+    local = Counter(s.host for s in active(snapshot))
+    per_host = max(local[by_rank[r].host] for r in hits)
+    if workers == 0:
+        remedy = "load data in worker processes: DataLoader(num_workers=2, pin_memory=True) or more"
+    elif cores and workers * per_host >= cores:
+        remedy = (f"the CPUs are the limit (num_workers {workers} x {per_host} local ranks >= {cores} "
+                  "cores): "
+                  "make __getitem__ cheaper or pre-process the data; more workers will not help")
+    else:
+        more = min(workers * 2, max(workers + 1, cores // max(1, per_host) - 1))
+        remedy = f"num_workers {workers} -> {more}, raise prefetch_factor, or make __getitem__ cheaper"
+    return [Finding(
+        kind="input_bound", severity="warning", ranks=sorted(hits),
+        title=f"{ranks_text(hits)} input-bound: the DataLoader queue is empty and training waits for it",
+        evidence=evidence, remedy=remedy,
+    )]

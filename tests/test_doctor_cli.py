@@ -1,0 +1,101 @@
+"""`ddptop doctor` end to end: a real small job, JSON shape, exit codes 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddptop.cli import doctor
+from ddptop.cli.main import main
+from ddptop.diagnosis import KINDS, FindingsReport
+from ddptop.protocol import RankState, RecordEntry, StateMsg
+from tests.jobs import JobRunner, ddptop_cmd
+
+FIELDS = {"kind", "severity", "ranks", "title", "evidence", "remedy"}
+
+
+def test_doctor_healthy_job_json_exit_0(job_runner: JobRunner) -> None:
+    job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "40"})
+    job.wait_ranks(2, timeout=60)
+    res = job.run_cli("doctor", "--json", "--watch", "5", job.job_id, timeout=60)
+    assert res.returncode == 0, f"rc {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
+    doc = json.loads(res.stdout)
+    assert set(doc) >= {"findings"}
+    assert doc["job_id"] == job.job_id
+    for f in doc["findings"]:  # only info-level findings may appear on a healthy job
+        assert set(f) >= FIELDS and f["kind"] in KINDS and f["severity"] == "info"
+    msgspec.json.decode(res.stdout.encode(), type=FindingsReport)
+
+
+def test_doctor_table_output(job_runner: JobRunner) -> None:
+    job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "30"})
+    job.wait_ranks(2, timeout=60)
+    res = job.run_cli("doctor", "--watch", "3", job.job_id, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # The healthy probe does not seed numpy: an info-level rng_divergence may be listed.
+    assert f"job {job.job_id}" in res.stdout and "severity" in res.stdout
+    assert "warning" not in res.stdout and "critical" not in res.stdout
+
+
+def test_doctor_no_job_exit_2(runtime_dir: Path) -> None:
+    res = subprocess.run(ddptop_cmd("doctor", "--json", "nosuchjob"), capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 2
+    assert res.stderr.startswith("ddptop: ") and "Traceback" not in res.stderr
+    assert res.stdout == ""
+
+
+def test_doctor_bad_watch_exit_2(runtime_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--watch", "-1"]) == 2
+    assert "--watch" in capsys.readouterr().err
+
+
+def _fake_state(rank: int, batches: int) -> RankState:
+    return RankState(rank=rank, local_rank=rank, world_size=2, host="h", pid=1 + rank, job_id="fake",
+                     time=100.0, start_time=1.0, batches_per_epoch=batches)
+
+
+def test_doctor_exit_1_and_json_on_findings(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from ddptop.model.job import JobModel
+
+    def fake_observe(target: str | None, watch: float) -> tuple[JobModel, float]:
+        model = JobModel()
+        for r, n in ((0, 1250), (1, 1248)):
+            model.apply(RecordEntry(time=100.0, rank=r, message=StateMsg(state=_fake_state(r, n))))
+        return model, 100.5
+
+    monkeypatch.setattr(doctor, "observe", fake_observe)
+    assert main(["doctor", "--json", "fake"]) == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert [f["kind"] for f in doc["findings"]] == ["unequal_batches"]
+    assert doc["findings"][0]["ranks"] == [1] and set(doc["findings"][0]) >= FIELDS
+    assert "unequal_batches" in out.err
+
+
+def test_doctor_file_target_uses_bundle_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    import types
+
+    from ddptop.model.job import JobModel
+
+    path = tmp_path / "rec.ddptop"
+    path.write_bytes(b"x")
+    model = JobModel()
+    model.apply(RecordEntry(time=100.0, rank=0, message=StateMsg(state=_fake_state(0, 10))))
+    fake = types.ModuleType("ddptop.bundle.reader")
+    fake.load_model = lambda p: (model, 100.0)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ddptop.bundle.reader", fake)
+    assert main(["doctor", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"] == []
+
+    # None in sys.modules makes the import fail as a missing module does.
+    monkeypatch.setitem(sys.modules, "ddptop.bundle.reader", None)
+    assert main(["doctor", str(path)]) == 2
+    assert "reading bundles is not available" in capsys.readouterr().err
