@@ -1,0 +1,30 @@
+"""``ddptop attach [TARGET]``: the live dashboard of a running job."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ddptop import auth
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import resolve
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add attach's options."""
+    parser.add_argument("target", nargs="?",
+                        help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here)")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="connect / TCPStore timeout in seconds")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve the target and run the dashboard until the user quits."""
+    from ddptop.tui.app import DdptopApp  # textual only when a dashboard is wanted
+
+    target = resolve(args.target, store_timeout_s=args.timeout)
+    source = LiveSource(target, token=auth.load_token(), connect_timeout=args.timeout)
+    DdptopApp(source).run()
+    return 0

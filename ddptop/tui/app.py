@@ -1,0 +1,321 @@
+"""``DdptopApp``: wires a :class:`~ddptop.source.JobSource` to the dashboard widgets.
+
+Live mode: the source emits events on its own thread into an :class:`EventBuffer`; the
+first event of a batch posts :class:`EventsReady` (``can_replace``, so wake-ups never
+queue up); the UI thread folds the batch into a :class:`JobModel` and a timer redraws at
+most every ``redraw_interval`` seconds, and only when something changed (or once a
+second, so "stale" and uptimes move on a quiet job).
+
+Replay mode (the source has ``model_at``): nothing is folded; the timeline's position
+picks ``source.model_at(t)`` and every panel shows that moment, with *t* as "now".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.widgets import Footer
+
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.job import JobModel
+from ddptop.source import JobSource
+from ddptop.tui import export as exporting
+from ddptop.tui.event_buffer import EventBuffer
+from ddptop.tui.findings import findings, worst
+from ddptop.tui.rows import build_rows
+from ddptop.tui.screens.detail import RankDetail
+from ddptop.tui.screens.filter import FilterPrompt
+from ddptop.tui.screens.help import HelpScreen
+from ddptop.tui.screens.stacks import StacksScreen
+from ddptop.tui.widgets.findings_panel import FindingsPanel
+from ddptop.tui.widgets.header import JobHeader
+from ddptop.tui.widgets.rank_table import RankTable
+from ddptop.tui.widgets.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+QUIET_REDRAW_S = 1.0  # redraw at least this often: statuses turn "stale" with time alone
+FINDINGS_EVERY_S = 1.0  # the diagnosis costs ~50 ms at 4096 ranks: not at every redraw
+FIRST_FINDING_PROBES = 400  # replay: at most this many moments examined by `f`
+_MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh"}
+_REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
+
+
+class EventsReady(Message):
+    """Source events are waiting in the buffer (one pending message is enough)."""
+
+    def can_replace(self, message: Message) -> bool:
+        """Any older EventsReady still queued says the same thing."""
+        return isinstance(message, EventsReady)
+
+
+class DdptopApp(App[int]):
+    """The dashboard. ``source`` is live or replayable; ``clock`` gives "now" in live mode."""
+
+    CSS_PATH = "ddptop.tcss"
+    TITLE = "ddptop"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help"),
+        Binding("s", "stacks", "stacks"),
+        Binding("e", "export", "export"),
+        Binding("slash", "filter", "filter"),
+        Binding("less_than_sign", "sort(-1)", "sort ←", key_display="<"),
+        Binding("greater_than_sign", "sort(1)", "sort →", key_display=">"),
+        Binding("o", "toggle_order", "order", show=False),
+        Binding("p", "pause", "pause"),
+        Binding("r", "refresh", "refresh"),
+        Binding("left", "step(-1)", "back", priority=True),
+        Binding("right", "step(1)", "fwd", priority=True),
+        Binding("home", "edge(0)", "start", show=False, priority=True),
+        Binding("end", "edge(1)", "end", show=False, priority=True),
+        Binding("f", "first_finding", "1st finding"),
+        Binding("space", "play", "play", priority=True),
+        Binding("plus,equals_sign", "speed(1)", "faster", show=False),
+        Binding("minus", "speed(-1)", "slower", show=False),
+    ]
+
+    def __init__(self, source: JobSource, clock: Callable[[], float] = time.time, *,
+                 redraw_interval: float = 0.25, export_dir: Path | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.clock = clock
+        self.redraw_interval = redraw_interval
+        self.export_dir = export_dir
+        self.replay = callable(getattr(source, "model_at", None))
+        self.model = JobModel()
+        self.findings: list[Finding] = []
+        self.paused = False
+        self.redraws = 0
+        self._dirty = True
+        self._last_redraw = 0.0
+        self._last_findings = -FINDINGS_EVERY_S
+        self._findings_ranks = -1  # rank count the findings were computed on
+        self._buffer = EventBuffer(self._wake)
+        self._started = False
+
+    # ------------------------------------------------------------ wiring
+
+    def compose(self) -> ComposeResult:
+        """Header, rank table, findings, (timeline), footer."""
+        yield JobHeader(id="header")
+        yield RankTable(id="ranks")
+        yield FindingsPanel(id="findings")
+        if self.replay:
+            src: Any = self.source
+            yield Timeline(src.start_time, src.end_time, list(src.event_times()), id="timeline")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Start the source (live) or show the end of the recording (replay)."""
+        self.sub_title = self.source.description
+        self.query_one(RankTable).focus()
+        if self.replay:
+            self._load_moment(self.query_one(Timeline).t)
+        else:
+            try:
+                self.source.start(self._buffer.push)
+                self._started = True
+            except Exception as exc:  # e.g. nothing reachable: say so, keep the UI up
+                log.warning("source failed to start: %s", exc)
+                self.notify(f"cannot attach: {exc}", severity="error", timeout=30)
+        self.set_interval(self.redraw_interval, self._tick)
+        self.redraw()
+
+    def on_unmount(self) -> None:
+        """Stop the source (its thread, its sockets)."""
+        try:
+            self.source.stop()
+        except Exception as exc:
+            log.warning("source stop failed: %s", exc)
+
+    def _wake(self) -> None:
+        # Called on the source thread; post_message is thread-safe in Textual.
+        self.post_message(EventsReady())
+
+    def on_events_ready(self, _message: EventsReady) -> None:
+        """Fold every waiting event into the model; the timer redraws."""
+        events = self._buffer.drain()
+        for event in events:
+            self.model.apply(event)
+        self._dirty = self._dirty or bool(events)
+
+    def now(self) -> float:
+        """The moment shown: the clock (live) or the timeline position (replay)."""
+        if self.replay:
+            return self.query_one(Timeline).t
+        return self.clock()
+
+    def _tick(self) -> None:
+        if self.paused:
+            return
+        wall = time.monotonic()
+        if self._dirty or wall - self._last_redraw >= QUIET_REDRAW_S:
+            self.redraw()
+
+    def redraw(self, fresh_findings: bool = False) -> None:
+        """Rebuild rows and header from the model at :meth:`now`; findings at most once a second
+        (always in replay and when *fresh_findings*)."""
+        now = self.now()
+        wall = time.monotonic()
+        # New ranks (first data, a rank appearing) deserve findings at once, not a second later.
+        if (fresh_findings or self.replay or wall - self._last_findings >= FINDINGS_EVERY_S
+                or len(self.model.ranks) != self._findings_ranks):
+            self.findings = findings(self.model, now)
+            self._last_findings, self._findings_ranks = wall, len(self.model.ranks)
+        self.query_one(RankTable).set_rows(build_rows(self.model, now))
+        self.query_one(FindingsPanel).show(self.findings)
+        self.query_one(JobHeader).show(self.model, now, worst(self.findings),
+                                       "replay" if self.replay else "live", self.paused)
+        self._dirty = False
+        self._last_redraw = time.monotonic()
+        self.redraws += 1
+
+    def _load_moment(self, t: float) -> None:
+        src: Any = self.source
+        try:
+            self.model = src.model_at(t)
+        except Exception as exc:
+            self.notify(f"cannot load the moment {t:.1f}: {exc}", severity="error")
+            return
+        self.redraw()
+
+    def on_timeline_moved(self, message: Timeline.Moved) -> None:
+        """Replay: show the job at the new position."""
+        self._load_moment(message.t)
+
+    def on_rank_table_chosen(self, message: RankTable.Chosen) -> None:
+        """Enter on a row: the rank's detail."""
+        self.open_detail(message.rank)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Replay keys only in replay; dashboard keys only on the dashboard screen."""
+        if action in _REPLAY_ONLY and not self.replay:
+            return False
+        if action in _MAIN_ONLY | _REPLAY_ONLY and len(self.screen_stack) > 1:
+            return False
+        return not (action == "pause" and self.replay)
+
+    # ------------------------------------------------------------ actions
+
+    def open_detail(self, rank: int) -> None:
+        """Push the detail screen of *rank* (error note if unknown)."""
+        view = self.model.ranks.get(rank)
+        if view is None:
+            self.notify(f"rank {rank}: nothing received yet", severity="warning")
+            return
+        self.push_screen(RankDetail(view, view.status(self.now()), self.now()))
+
+    def action_help(self) -> None:
+        """Key help."""
+        self.push_screen(HelpScreen())
+
+    def action_stacks(self) -> None:
+        """Stacks of the selected ranks (all when none is selected), grouped."""
+        if self.replay:
+            self.notify("stacks need a live job (replay shows recorded stacks in the detail)",
+                        severity="warning")
+            return
+        selected = sorted(self.query_one(RankTable).selected)
+        self.push_screen(StacksScreen(self.source, selected or None))
+
+    def action_export(self) -> None:
+        """Export in a worker thread; report the file or the error."""
+        self.notify("exporting…")
+        self.run_worker(self._export, thread=True, exclusive=True, group="export")
+
+    def _export(self) -> None:
+        try:
+            _path, line = exporting.export(self.source, self.model, self.now(), self.export_dir)
+        except Exception as exc:
+            log.warning("export failed: %s", exc)
+            self.call_from_thread(self.notify, f"export failed: {exc}", severity="error", timeout=15)
+            return
+        self.call_from_thread(self.notify, line, timeout=15)
+
+    def action_filter(self) -> None:
+        """Prompt for a filter."""
+        table = self.query_one(RankTable)
+
+        def apply(query: str | None) -> None:
+            if query is None:
+                return
+            shown = table.set_filter(query)
+            if not query.strip():
+                self.notify("filter cleared")
+            elif shown:
+                self.notify(f"filter {query!r}: {shown} rank(s)")
+            else:
+                self.notify(f"filter {query!r} matches no rank", severity="warning")
+
+        self.push_screen(FilterPrompt(table.filter_query), apply)
+
+    def action_sort(self, delta: int) -> None:
+        """Sort by the previous/next column."""
+        key = self.query_one(RankTable).cycle_sort(delta)
+        self.notify(f"sorted by {key}", timeout=2)
+
+    def action_toggle_order(self) -> None:
+        """Reverse the sort order."""
+        desc = self.query_one(RankTable).toggle_order()
+        self.notify("descending" if desc else "ascending", timeout=2)
+
+    def action_pause(self) -> None:
+        """Freeze the display (events are still folded, so resuming is current)."""
+        self.paused = not self.paused
+        self.query_one(JobHeader).show(self.model, self.now(), worst(self.findings), "live", self.paused)
+        self.notify("paused: press p to resume" if self.paused else "resumed", timeout=3)
+
+    def action_refresh(self) -> None:
+        """Redraw now (also while paused)."""
+        self.redraw(fresh_findings=True)
+        self.notify("refreshed", timeout=2)
+
+    # ------------------------------------------------------------ replay actions
+
+    def action_step(self, n: int) -> None:
+        """Replay: previous/next recorded moment."""
+        self.query_one(Timeline).step(n)
+
+    def action_edge(self, end: int) -> None:
+        """Replay: first or last moment."""
+        timeline = self.query_one(Timeline)
+        timeline.seek(timeline.end if end else timeline.start)
+
+    def action_play(self) -> None:
+        """Replay: play / pause."""
+        playing = self.query_one(Timeline).toggle_play()
+        self.notify("playing" if playing else "paused", timeout=2)
+
+    def action_speed(self, delta: int) -> None:
+        """Replay: faster / slower."""
+        self.notify(f"speed {self.query_one(Timeline).change_speed(delta):g}x", timeout=2)
+
+    def action_first_finding(self) -> None:
+        """Replay: jump to the first moment with a warning or worse."""
+        timeline = self.query_one(Timeline)
+        src: Any = self.source
+        if callable(getattr(src, "first_finding_time", None)):  # ReplaySource knows it exactly
+            first = src.first_finding_time()
+            if first is None:
+                self.notify("no finding anywhere in this recording")
+                return
+            timeline.seek(first)
+            self.notify("jumped to the first finding", timeout=5)
+            return
+        times = timeline.times
+        stride = max(1, len(times) // FIRST_FINDING_PROBES)
+        for t in times[::stride]:
+            found = [f for f in findings(src.model_at(t), t) if f.at_least("warning")]
+            if found:
+                timeline.seek(t)
+                self.notify(f"first finding: {found[0].title}", timeout=5)
+                return
+        self.notify("no finding anywhere in this recording")

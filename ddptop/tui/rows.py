@@ -1,0 +1,278 @@
+"""Rank-table rows: built from a JobModel, sorted, filtered and formatted into cells (pure).
+
+The rank table widget only paints what these helpers produce, so every decision about
+what a row says (and which style class colours it) is testable without a terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddptop.cli.format import human_bytes, human_duration, rank_ranges
+from ddptop.model.job import JobModel, RankView
+from ddptop.tui.desync import default_group_seq, desync_marks, oldest_pending
+
+log = logging.getLogger(__name__)
+
+BAR_CELLS = 8
+
+
+@dataclass(frozen=True)
+class Column:
+    """One rank-table column: key, title, width in cells, right-aligned or not."""
+
+    key: str
+    title: str
+    width: int
+    right: bool = True
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("rank", "RANK", 5), Column("host", "HOST", 10, False), Column("status", "STATUS", 8, False),
+    Column("flags", "FLAGS", 20, False), Column("step", "STEP", 13), Column("epoch", "EP", 3),
+    Column("batch", "BATCH", 16, False), Column("seq", "SEQ(LAG)", 11),
+    Column("pending", "PENDING COLLECTIVE", 28, False), Column("wait", "WAIT", 4),
+    Column("ready", "RDY", 3), Column("cpu", "CPU", 4), Column("rss", "RSS", 6),
+    Column("gpu", "GPU", 4), Column("gmem", "GMEM", 4), Column("shm", "SHM", 12),
+)
+COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+
+
+@dataclass
+class RankRow:
+    """Everything one table row shows, as values (formatting happens in :func:`cells`)."""
+
+    rank: int
+    host: str = ""
+    status: str = "starting"
+    marks: list[str] = field(default_factory=list)
+    step: int | None = None
+    steps_per_s: float | None = None
+    epoch: int | None = None
+    batch: int | None = None
+    batches_per_epoch: int | None = None
+    seq: int | None = None
+    seq_lag: int = 0
+    pending_op: str = ""
+    pending_seq: int | None = None
+    pending_age_s: float | None = None
+    pending_left_s: float | None = None
+    data_wait: float | None = None
+    ready: int | None = None
+    cpu: float | None = None
+    rss: int | None = None
+    gpu_util: float | None = None
+    gpu_mem: float | None = None  # fraction used
+    shm_used: int | None = None
+    shm_total: int | None = None
+
+    @property
+    def desynced(self) -> bool:
+        """True when the row carries any desync mark."""
+        return bool(self.marks)
+
+
+def steps_per_second(view: RankView) -> float | None:
+    """Recent training speed from the history (last ~10 s), else 1 / step time."""
+    n = len(view.history)  # index from the end: copying a 3600-sample deque per rank is too slow
+    hist = [view.history[i] for i in range(max(0, n - 11), n)]
+    if len(hist) >= 2 and hist[-1].time > hist[0].time:
+        return max(0.0, (hist[-1].step - hist[0].step) / (hist[-1].time - hist[0].time))
+    st = view.state
+    if st is not None and st.step_time_s:
+        return 1.0 / st.step_time_s
+    return None
+
+
+def build_rows(model: JobModel, now: float) -> list[RankRow]:
+    """One row per known rank (and per never-seen rank of the world), by rank."""
+    marks = desync_marks(model, now)
+    rows: list[RankRow] = []
+    for rank, view in sorted(model.ranks.items()):
+        rows.append(_row(view, view.status(now), marks.get(rank, []), now))
+    seen = set(model.ranks)
+    rows += [RankRow(rank=r, status="unknown") for r in range(model.world_size) if r not in seen]
+    leader = max((r.seq for r in rows if r.seq is not None), default=None)
+    for row in rows:
+        if leader is not None and row.seq is not None:
+            row.seq_lag = leader - row.seq
+    return sorted(rows, key=lambda r: r.rank)
+
+
+def _row(view: RankView, status: str, marks: list[str], now: float) -> RankRow:
+    st = view.state
+    row = RankRow(rank=view.rank, status=status, marks=list(marks))
+    if st is None:
+        return row
+    row.host, row.step, row.epoch, row.batch = st.host, st.step, st.epoch, st.batch
+    row.batches_per_epoch, row.seq = st.batches_per_epoch, default_group_seq(st)
+    row.steps_per_s = steps_per_second(view)
+    op = oldest_pending(st)
+    if op is not None:
+        row.pending_op, row.pending_seq, row.pending_age_s = _short_op(op.op), op.seq, op.age_s
+        timeout = op.timeout_s or next((g.timeout_s for g in st.collectives if g.timeout_s), None)
+        if timeout is not None:
+            row.pending_left_s = timeout - op.age_s
+    row.data_wait, row.ready, row.cpu, row.rss = (st.data_wait_fraction, st.loader_ready_batches,
+                                                  st.cpu_percent, st.rss_bytes)
+    if st.gpu is not None:
+        row.gpu_util = st.gpu.util_percent
+        if st.gpu.mem_used_bytes is not None and st.gpu.mem_total_bytes:
+            row.gpu_mem = st.gpu.mem_used_bytes / st.gpu.mem_total_bytes
+    row.shm_used, row.shm_total = st.shm_used_bytes, st.shm_total_bytes
+    return row
+
+
+def _short_op(op: str) -> str:
+    # "gloo:all_reduce" -> "all_reduce": the backend is in the header already.
+    return op.split(":", 1)[-1]
+
+
+# ---------------------------------------------------------------- sorting and filtering
+
+_SORT_KEYS: dict[str, Callable[[RankRow], Any]] = {
+    "rank": lambda r: r.rank, "host": lambda r: r.host, "status": lambda r: r.status,
+    "flags": lambda r: (len(r.marks), ",".join(r.marks)), "step": lambda r: r.step,
+    "epoch": lambda r: r.epoch, "batch": lambda r: r.batch, "seq": lambda r: r.seq,
+    "pending": lambda r: r.pending_age_s, "wait": lambda r: r.data_wait, "ready": lambda r: r.ready,
+    "cpu": lambda r: r.cpu, "rss": lambda r: r.rss, "gpu": lambda r: r.gpu_util,
+    "gmem": lambda r: r.gpu_mem, "shm": lambda r: r.shm_used,
+}
+
+
+def sort_rows(rows: list[RankRow], key: str, reverse: bool = False) -> list[RankRow]:
+    """Rows ordered by column *key*; missing values always last, ties by rank."""
+    get = _SORT_KEYS[key]
+    present = [r for r in rows if get(r) is not None]
+    missing = [r for r in rows if get(r) is None]
+    present.sort(key=lambda r: r.rank)
+    present.sort(key=get, reverse=reverse)
+    return present + sorted(missing, key=lambda r: r.rank)
+
+
+def _rank_term(term: str) -> set[int] | None:
+    lo, sep, hi = term.partition("-")
+    if lo.isdigit() and (not sep or hi.isdigit()):
+        return set(range(int(lo), int(hi if sep else lo) + 1))
+    return None
+
+
+def matches(row: RankRow, query: str) -> bool:
+    """Does *row* match *query*? Comma-separated terms, any may match: a rank ("3"),
+    a rank range ("0-7"), or a case-insensitive piece of the host, status or a mark."""
+    terms = [t.strip().lower() for t in query.split(",") if t.strip()]
+    if not terms:
+        return True
+    for term in terms:
+        ranks = _rank_term(term)
+        if ranks is not None:
+            if row.rank in ranks:
+                return True
+        elif term in row.host.lower() or term in row.status or any(term in m.lower() for m in row.marks):
+            return True
+    return False
+
+
+def filter_rows(rows: list[RankRow], query: str) -> list[RankRow]:
+    """Rows matching *query* (see :func:`matches`)."""
+    return [r for r in rows if matches(r, query)]
+
+
+# ---------------------------------------------------------------- cells
+
+def _num(value: float | int | None, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def progress_bar(done: int, total: int | None, cells: int = BAR_CELLS) -> str:
+    """A text bar ('████▌░░░'), readable without colour."""
+    if not total or total <= 0:
+        return "░" * cells
+    eighths = round(min(1.0, max(0.0, done / total)) * cells * 8)
+    full, part = divmod(eighths, 8)
+    bar = "█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")
+    return (bar + "░" * cells)[:cells]
+
+
+def util_level(percent: float | None) -> str:
+    """nvitop's GPU utilisation colours: ok below 10 %, warn below 75 %, bad above."""
+    if percent is None:
+        return ""
+    return "ok" if percent < 10 else "warn" if percent < 75 else "bad"
+
+
+def mem_level(fraction: float | None) -> str:
+    """nvitop's GPU memory colours: ok below 10 %, warn below 80 %, bad above."""
+    if fraction is None:
+        return ""
+    return "ok" if fraction < 0.10 else "warn" if fraction < 0.80 else "bad"
+
+
+def status_level(row: RankRow) -> str:
+    """Style level of the status cell (paired with the status word itself)."""
+    if row.status in ("lost", "crashed"):
+        return "bad"
+    if row.status in ("stale", "unknown", "starting"):
+        return "warn"
+    return "ok" if row.status == "running" else ""
+
+
+def cells(row: RankRow) -> list[tuple[str, str]]:
+    """(text, level) per column of :data:`COLUMNS`; level is '', 'ok', 'warn' or 'bad'."""
+    flag_text = ("⚠ " + " ".join(row.marks)) if row.marks else "✓"
+    step = "-" if row.step is None else f"{row.step} {_num(row.steps_per_s, '{:.1f}')}/s"
+    batch = "-" if row.batch is None else (
+        f"{row.batch}/{_num(row.batches_per_epoch)} {progress_bar(row.batch, row.batches_per_epoch)}")
+    # Sampling skew makes moving ranks differ by a few seqs; the lag is shown once it is real.
+    seq = "-" if row.seq is None else (f"{row.seq} -{row.seq_lag}" if row.seq_lag and is_lagging(row)
+                                       else f"{row.seq}")
+    pending = ""
+    if row.pending_seq is not None:
+        left = "" if row.pending_left_s is None else f" ⏱{human_duration(max(0.0, row.pending_left_s))}"
+        pending = f"{row.pending_op} #{row.pending_seq} {human_duration(row.pending_age_s)}{left}"
+    shm = "-" if row.shm_used is None else f"{human_bytes(row.shm_used)}/{human_bytes(row.shm_total)}"
+    pending_level = "bad" if row.pending_left_s is not None and row.pending_left_s < 60 else (
+        "warn" if row.pending_seq is not None and (row.pending_age_s or 0) >= 5 else "")
+    return [
+        (str(row.rank), ""), (row.host or "-", ""), (row.status, status_level(row)),
+        (flag_text, "bad" if row.marks else "ok"), (step, ""), (_num(row.epoch), ""), (batch, ""),
+        (seq, "warn" if is_lagging(row) else ""), (pending, pending_level),
+        (_num(None if row.data_wait is None else row.data_wait * 100, "{:.0f}%"),
+         "warn" if (row.data_wait or 0) >= 0.3 else ""),
+        (_num(row.ready), ""), (_num(row.cpu, "{:.0f}%"), ""), (human_bytes(row.rss), ""),
+        (_num(row.gpu_util, "{:.0f}%"), util_level(row.gpu_util)),
+        (_num(None if row.gpu_mem is None else row.gpu_mem * 100, "{:.0f}%"), mem_level(row.gpu_mem)),
+        (shm, "warn" if row.shm_used and row.shm_total and row.shm_used / row.shm_total > 0.8 else ""),
+    ]
+
+
+def is_lagging(row: RankRow) -> bool:
+    """True when the row is marked as lagging in seq or step."""
+    return any(m.startswith("LAG") for m in row.marks)
+
+
+def format_line(parts: list[tuple[str, str]]) -> str:
+    """Cells padded/cropped to their column widths and joined (plain text of a row)."""
+    out = []
+    for (text, _), col in zip(parts, COLUMNS, strict=True):
+        text = text if len(text) <= col.width else text[: col.width - 1] + "…"
+        out.append(text.rjust(col.width) if col.right else text.ljust(col.width))
+    return " ".join(out)
+
+
+def header_line() -> str:
+    """Column titles, aligned like :func:`format_line`."""
+    return format_line([(c.title, "") for c in COLUMNS])
+
+
+def summary(rows: list[RankRow]) -> str:
+    """'4 ranks: 3 running, 1 lost (rank 2)' style one-liner."""
+    by_status: dict[str, list[int]] = {}
+    for r in rows:
+        by_status.setdefault(r.status, []).append(r.rank)
+    parts = [f"{len(v)} {k}" + (f" ({rank_ranges(v)})" if k != "running" else "")
+             for k, v in sorted(by_status.items())]
+    return f"{len(rows)} ranks: " + ", ".join(parts)

@@ -1,0 +1,1 @@
+"""Screens pushed over the dashboard: rank detail, stacks, help, filter prompt."""

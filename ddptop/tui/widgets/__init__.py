@@ -1,0 +1,1 @@
+"""One dashboard widget per module."""

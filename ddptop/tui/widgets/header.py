@@ -1,0 +1,68 @@
+"""The dashboard header: job identity, attach state and the worst current finding."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ddptop.cli.format import human_duration, rank_ranges
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.job import JobModel
+
+log = logging.getLogger(__name__)
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
+
+
+def attach_state(statuses: dict[int, str], world_size: int) -> tuple[str, str]:
+    """('connected 4/4' | '1 stale (rank 2), 1 lost (rank 3)', level) from status words."""
+    bad: dict[str, list[int]] = {}
+    for rank, status in statuses.items():
+        if status in ("stale", "lost", "crashed"):
+            bad.setdefault(status, []).append(rank)
+    world = max(world_size, len(statuses))
+    answering = sum(1 for s in statuses.values() if s not in ("stale", "lost", "crashed", "exited"))
+    if not bad:
+        return f"connected {answering}/{world}", "ok" if answering == world else "warn"
+    parts = [f"{len(r)} {k} (rank{'s' if len(r) > 1 else ''} {rank_ranges(r)})"
+             for k, r in sorted(bad.items())]
+    return "⚠ " + ", ".join(parts), "bad" if ("lost" in bad or "crashed" in bad) else "warn"
+
+
+def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = "live",
+                paused: bool = False) -> Text:
+    """The two header lines as rich Text (pure, so snapshot tests can read it)."""
+    snap = model.snapshot(now)
+    uptime = None
+    starts = [v.state.start_time for v in model.ranks.values() if v.state is not None and v.state.start_time]
+    if starts:
+        uptime = now - min(starts)
+    state, level = attach_state(model.statuses(now), model.world_size)
+    text = Text()
+    text.append(" ddptop ", style="bold reverse")
+    text.append(f" job {model.job_id or '?'}", style="bold")
+    text.append(f" · {snap.job.world_size} ranks · hosts {', '.join(snap.job.hosts) or '?'}")
+    text.append(f" · {snap.job.backend or '?'} · up {human_duration(uptime)} · ")
+    text.append(state, style={"ok": "green", "warn": "yellow", "bad": "bold red"}[level])
+    if mode == "replay":
+        text.append(" · REPLAY", style="bold magenta")
+    if paused:
+        text.append(" · PAUSED", style="bold yellow")
+    text.append("\n")
+    if worst is None:
+        text.append(" ✓ no findings", style="green")
+    else:
+        text.append(f" {worst.severity.upper()} ", style=_SEVERITY_STYLE.get(worst.severity, "") + " reverse")
+        text.append(f" {worst.title}", style=_SEVERITY_STYLE.get(worst.severity, ""))
+    return text
+
+
+class JobHeader(Static):
+    """Two lines at the top of the dashboard."""
+
+    def show(self, model: JobModel, now: float, worst: Finding | None, mode: str = "live",
+             paused: bool = False) -> None:
+        """Redraw from the model at *now*."""
+        self.update(header_text(model, now, worst, mode, paused))

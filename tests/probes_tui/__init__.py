@@ -1,0 +1,1 @@
+"""Helpers for the dashboard tests: fake sources and tiny probes."""

@@ -1,0 +1,117 @@
+"""Pure tests of rank-table rows, sorting, filtering, desync marks and fallback findings."""
+
+from __future__ import annotations
+
+from ddptop.tui import desync
+from ddptop.tui.findings import basic_findings
+from ddptop.tui.rows import (
+    build_rows,
+    cells,
+    filter_rows,
+    format_line,
+    header_line,
+    mem_level,
+    progress_bar,
+    sort_rows,
+    util_level,
+)
+from tests.probes_tui.fakes import NOW, lost, model_of, state
+
+
+def test_one_row_per_rank_including_never_seen() -> None:
+    model = model_of([state(0), state(1), state(3)])
+    rows = build_rows(model, NOW)
+    assert [r.rank for r in rows] == [0, 1, 2, 3]
+    assert rows[2].status == "unknown"
+    assert rows[0].status == "running" and rows[0].host == "node-a"
+
+
+def test_healthy_job_has_no_marks_even_with_sampling_skew() -> None:
+    # Ranks sampled at different instants differ by a few seqs: not a lag while seq moves.
+    model = model_of([state(0, seq=300), state(1, seq=296), state(2, seq=305), state(3, seq=301)])
+    rows = build_rows(model, NOW)
+    assert all(not r.marks for r in rows)
+    assert basic_findings(model, NOW) == []
+
+
+def test_stuck_rank_behind_leader_is_marked_lagging() -> None:
+    model = model_of([state(0, seq=300, step=100), state(1, seq=280, step=90, stuck=True),
+                      state(2, seq=300, step=100)])
+    rows = {r.rank: r for r in build_rows(model, NOW)}
+    assert desync.LAG_SEQ in rows[1].marks and desync.LAG_STEP in rows[1].marks
+    assert rows[1].seq_lag == 20
+    assert not rows[0].marks
+    text = format_line(cells(rows[1]))
+    assert "LAG-SEQ" in text and "280 -20" in text
+
+
+def test_different_collective_at_same_seq_is_a_mismatch() -> None:
+    states = [state(r, op="gloo:all_reduce", op_seq=50, stuck=True) for r in (0, 2, 3)]
+    states.append(state(1, op="gloo:all_gather", op_seq=50, stuck=True))
+    model = model_of(states)
+    marks = desync.desync_marks(model, NOW)
+    assert marks[1] == [desync.MISMATCH]
+    assert all(desync.MISMATCH not in marks[r] for r in (0, 2, 3))
+    kinds = {f.kind: f for f in basic_findings(model, NOW)}
+    assert kinds["collective_mismatch"].ranks == [1]
+    assert kinds["collective_mismatch"].severity == "critical"
+
+
+def test_unequal_batches_per_epoch_marked() -> None:
+    model = model_of([state(0, bpe=60), state(1, bpe=60), state(2, bpe=57), state(3, bpe=60)])
+    rows = {r.rank: r for r in build_rows(model, NOW)}
+    assert rows[2].marks == [desync.BATCHES]
+    assert [f.kind for f in basic_findings(model, NOW)] == ["unequal_batches"]
+    no_majority = model_of([state(0, bpe=41), state(1, bpe=52), state(2, bpe=61), state(3, bpe=51)])
+    assert all(r.marks == [desync.BATCHES] for r in build_rows(no_majority, NOW))
+
+
+def test_lost_and_stale_ranks_marked() -> None:
+    model = model_of([state(0), state(1), state(2, t=NOW - 30)])
+    model.ranks[2].received_at = NOW - 30
+    model.apply(lost(1))
+    rows = {r.rank: r for r in build_rows(model, NOW)}
+    assert rows[1].status == "lost" and desync.LOST in rows[1].marks
+    assert rows[2].status == "stale" and desync.STALE in rows[2].marks
+    assert "⚠ LOST" in format_line(cells(rows[1]))
+
+
+def test_sort_by_columns_missing_last() -> None:
+    model = model_of([state(r, step=s, world=3) for r, s in ((0, 5), (1, 9), (2, 7))])
+    rows = build_rows(model, NOW)
+    assert [r.rank for r in sort_rows(rows, "step")] == [0, 2, 1]
+    assert [r.rank for r in sort_rows(rows, "step", reverse=True)] == [1, 2, 0]
+    # rank 1 never seen: sorted last whatever the order
+    with_unknown = build_rows(model_of([state(0, step=5, world=3), state(2, step=1, world=3)]), NOW)
+    assert [r.rank for r in sort_rows(with_unknown, "step", reverse=True)] == [0, 2, 1]
+
+
+def test_filter_by_rank_range_host_status_and_mark() -> None:
+    model = model_of([state(0, host="node-a"), state(1, host="node-b"), state(2, host="node-b"),
+                      state(3, host="node-a")])
+    model.apply(lost(3))
+    rows = build_rows(model, NOW)
+    assert [r.rank for r in filter_rows(rows, "2")] == [2]
+    assert [r.rank for r in filter_rows(rows, "0-1")] == [0, 1]
+    assert [r.rank for r in filter_rows(rows, "node-b")] == [1, 2]
+    assert [r.rank for r in filter_rows(rows, "lost")] == [3]
+    assert [r.rank for r in filter_rows(rows, "0, lost")] == [0, 3]
+    assert [r.rank for r in filter_rows(rows, "")] == [0, 1, 2, 3]
+    assert filter_rows(rows, "nothing-like-this") == []
+
+
+def test_nvitop_colour_levels_and_progress_bar() -> None:
+    assert [util_level(v) for v in (5, 10, 74, 75, None)] == ["ok", "warn", "warn", "bad", ""]
+    assert [mem_level(v) for v in (0.05, 0.10, 0.79, 0.80)] == ["ok", "warn", "warn", "bad"]
+    assert progress_bar(0, 8) == "░" * 8
+    assert progress_bar(8, 8) == "█" * 8
+    assert progress_bar(4, 8) == "████░░░░"
+    assert progress_bar(3, None) == "░" * 8
+
+
+def test_cells_show_pending_collective_and_gpu() -> None:
+    model = model_of([state(0, op="gloo:all_reduce", op_seq=51, gpu_util=80, gpu_mem=0.5)])
+    text = format_line(cells(build_rows(model, NOW)[0]))
+    assert "all_reduce #51 12.0s ⏱18.0s" in text
+    assert "80%" in text and "50%" in text
+    assert header_line().split()[:4] == ["RANK", "HOST", "STATUS", "FLAGS"]
