@@ -10,7 +10,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from ddptop.diagnosis.common import active, fresh_ranks, human_duration, median, ranks_text, window
+from ddptop.diagnosis.common import (
+    active,
+    fresh_ranks,
+    human_duration,
+    median,
+    median_without,
+    ranks_text,
+    window,
+)
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.snapshot import JobSnapshot
@@ -80,10 +88,14 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
     if len(stats) < 2:
         return []
     out: list[Finding] = []
+    steps_sorted = sorted(v[0] for v in stats.values() if v[0] is not None)
+    waits_sorted = sorted(v[1] for v in stats.values() if v[1] is not None)
+    progress = {s.rank: s.step for s in active(snapshot)}
+    progress_sorted = sorted(float(v) for v in progress.values())
+    by_rank = snapshot.by_rank()
     for rank, (step, wait) in sorted(stats.items()):
-        others = [v for r, v in stats.items() if r != rank]
-        o_step = median(v[0] for v in others)
-        o_wait = median(v[1] for v in others)
+        o_step = median_without(steps_sorted, step) if step is not None else median(steps_sorted)
+        o_wait = median_without(waits_sorted, wait) if wait is not None else median(waits_sorted)
         why: list[str] = []
         if step is not None and o_step and step > o_step * config.straggler_ratio \
                 and step - o_step >= config.straggler_min_diff_s:
@@ -94,9 +106,9 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
                        f"(median over the last {config.window_s:.0f} s)")
         if not why:
             continue
-        state = snapshot.by_rank()[rank]
-        steps = {s.rank: s.step for s in active(snapshot)}
-        others_step = median(v for r, v in steps.items() if r != rank)
+        state = by_rank[rank]
+        others_step = median_without(progress_sorted, float(progress[rank])) \
+            if rank in progress else None
         if others_step is not None:
             why.append(f"step {state.step} vs median {others_step:.0f} on the others")
         out.append(Finding(

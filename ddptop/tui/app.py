@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,8 +24,9 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Footer
 
+from ddptop.diagnosis import GONE, DiagnosisConfig, recent_samples
 from ddptop.diagnosis.finding import Finding
-from ddptop.model.job import JobModel
+from ddptop.model.job import JobModel, RankView
 from ddptop.source import JobSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
@@ -42,7 +44,10 @@ from ddptop.tui.widgets.timeline import Timeline
 log = logging.getLogger(__name__)
 
 QUIET_REDRAW_S = 1.0  # redraw at least this often: statuses turn "stale" with time alone
-FINDINGS_EVERY_S = 1.0  # the diagnosis costs ~50 ms at 4096 ranks: not at every redraw
+FINDINGS_EVERY_S = 1.0  # the diagnosis costs ~0.4 s at 4096 ranks: not at every redraw
+# From this many ranks on, the diagnosis runs on a worker thread so keys stay responsive;
+# below it, it costs a few ms and runs inline (deterministic for tests and replay).
+BACKGROUND_FINDINGS_RANKS = 256
 FIRST_FINDING_PROBES = 400  # replay: at most this many moments examined by `f`
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
@@ -100,6 +105,7 @@ class DdptopApp(App[int]):
         self._findings_ranks = -1  # rank count the findings were computed on
         self._buffer = EventBuffer(self._wake)
         self._started = False
+        self._diagnosing = False
 
     # ------------------------------------------------------------ wiring
 
@@ -168,7 +174,10 @@ class DdptopApp(App[int]):
         # New ranks (first data, a rank appearing) deserve findings at once, not a second later.
         if (fresh_findings or self.replay or wall - self._last_findings >= FINDINGS_EVERY_S
                 or len(self.model.ranks) != self._findings_ranks):
-            self.findings = findings(self.model, now)
+            if self.replay or len(self.model.ranks) < BACKGROUND_FINDINGS_RANKS:
+                self.findings = findings(self.model, now)
+            elif not self._diagnosing:
+                self._diagnose_in_background(now)
             self._last_findings, self._findings_ranks = wall, len(self.model.ranks)
         self.query_one(RankTable).set_rows(build_rows(self.model, now))
         self.query_one(FindingsPanel).show(self.findings)
@@ -177,6 +186,35 @@ class DdptopApp(App[int]):
         self._dirty = False
         self._last_redraw = time.monotonic()
         self.redraws += 1
+
+    def _diagnose_in_background(self, now: float) -> None:
+        # The model is only touched on the UI thread: hand the worker a copy of the moment.
+        job = JobModel(job_id=self.model.job_id, world_size=self.model.world_size)
+        since = now - 2 * DiagnosisConfig().window_s
+        for rank, view in self.model.ranks.items():
+            gone = view.status(now) in GONE  # gone ranks keep their whole history
+
+            job.ranks[rank] = RankView(rank=rank, state=view.state, received_at=view.received_at,
+                                       connection=view.connection,
+                                       connection_reason=view.connection_reason,
+                                       history=deque(view.history if gone else
+                                                     recent_samples(view.history, since)))
+        self._diagnosing = True
+
+        def work() -> None:
+            try:
+                found = findings(job, now)
+            finally:
+                self._diagnosing = False
+            self.call_from_thread(self._show_findings, found)
+
+        self.run_worker(work, thread=True, group="findings", exit_on_error=False)
+
+    def _show_findings(self, found: list[Finding]) -> None:
+        self.findings = found
+        self.query_one(FindingsPanel).show(found)
+        self.query_one(JobHeader).show(self.model, self.now(), worst(found),
+                                       "replay" if self.replay else "live", self.paused)
 
     def _load_moment(self, t: float) -> None:
         src: Any = self.source

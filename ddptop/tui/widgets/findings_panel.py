@@ -27,7 +27,7 @@ def findings_text(found: list[Finding]) -> Text:
         if i:
             text.append("\n")
         style = _STYLE.get(f.severity, "")
-        text.append(f"{_SYMBOL.get(f.severity, '•')} {f.severity.upper():8}", style=style)
+        text.append(f"{_SYMBOL.get(f.severity, '•')} {f.severity.upper():9}", style=style)
         text.append(f" {f.title}", style="bold")
         if f.ranks:
             text.append(f"  [rank{'s' if len(f.ranks) > 1 else ''} {rank_ranges(f.ranks)}]", style="dim")
