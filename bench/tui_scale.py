@@ -1,0 +1,201 @@
+"""Dashboard scale benchmark: ingest CPU, rank-table redraw and key latency at 64 / 1024 / 4096 ranks.
+
+Run: ``.venv/bin/python bench/tui_scale.py [--ranks 64,1024,4096] [--window 5]``.
+
+For each size a synthetic job (``ddptop.synthetic``, 1 s sample interval, real sockets)
+runs in a SUBPROCESS, so its CPU is not counted here. Then:
+
+* ingest: a LiveSource feeds a JobModel (``apply`` in the emit callback, as the app's
+  buffer drain does) for ``--window`` seconds; we report this process's CPU time per
+  wall second (only the LiveSource thread works; the main thread sleeps) and the part of
+  it spent in ``JobModel.apply`` (``time.thread_time`` around each call).
+* redraw (if ``ddptop.tui.app`` exists): the real ``DdptopApp`` headless
+  (``run_test(size=(200, 60))``) with a LiveSource injected. ``update`` = the app's own
+  ``redraw()`` (rows for every rank, findings, header); ``paint`` = ``render_line`` of every
+  visible line of the rank table; ``cycle`` = ``redraw()`` then until every queued
+  message is handled and the screen repainted, the figure compared with the 50 ms target.
+* keys: p95 of key event sent -> handled and the screen repainted, for cursor moves with a sort change (``>``)
+  every fifth press; target 100 ms.
+
+Timings on a shared 2-core machine are noisy; run it alone for numbers you quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import resolve
+from ddptop.model.job import JobModel
+from ddptop.source import Event
+from ddptop.synthetic import ensure_fd_limit, run_in_subprocess
+
+REDRAW_TARGET_MS, KEY_TARGET_MS = 50.0, 100.0
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Poll until *predicate()*; RuntimeError after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def measure_ingest(job_id: str, n: int, window: float) -> dict[str, float]:
+    """CPU per second of LiveSource + JobModel.apply over *window* seconds of steady state."""
+    model, lock = JobModel(), threading.Lock()
+    counters = {"events": 0, "apply_s": 0.0}
+
+    def emit(event: Event) -> None:
+        began = time.thread_time()
+        with lock:
+            model.apply(event)
+        counters["apply_s"] += time.thread_time() - began
+        counters["events"] += 1
+
+    source = LiveSource(resolve(job_id))
+    attach_began = time.monotonic()
+    source.start(emit)
+    try:
+        def all_in() -> bool:
+            with lock:
+                return sum(1 for v in model.ranks.values() if v.state is not None) >= n
+
+        wait_for(all_in, 90, f"state from {n} ranks")
+        attach_s = time.monotonic() - attach_began
+        time.sleep(1.5)  # let history replies and connect bursts pass: measure the steady stream
+        ev0, ap0, cpu0, wall0 = counters["events"], counters["apply_s"], time.process_time(), time.monotonic()
+        time.sleep(window)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        return {"attach_s": attach_s, "cpu_ms_per_s": 1000 * cpu / wall,
+                "apply_ms_per_s": 1000 * (counters["apply_s"] - ap0) / wall,
+                "events_per_s": (counters["events"] - ev0) / wall}
+    finally:
+        source.stop()
+
+
+async def _tui(job_id: str, n: int, presses: int) -> dict[str, float]:
+    from textual import events
+
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.widgets.rank_table import RankTable
+
+    app = DdptopApp(LiveSource(resolve(job_id)))
+    async with app.run_test(size=(200, 60)) as pilot:
+        table = app.query_one(RankTable)
+        deadline = time.monotonic() + 90
+        while len(table.shown_rows) < n or any(r is None for r in _states(app)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the app showed {len(table.shown_rows)} of {n} rows")
+            await pilot.pause(0.2)
+        update, paint, cycle = [], [], []
+        for _ in range(7):
+            began = time.perf_counter()
+            app.redraw()
+            update.append(time.perf_counter() - began)
+            table._styles_cache.clear()  # paint from scratch, not from the line cache
+            began = time.perf_counter()
+            for y in range(table.size.height):
+                table.render_line(y)
+            paint.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            app.redraw()
+            await _painted(pilot)
+            cycle.append(time.perf_counter() - began)
+        keys = []
+        for i in range(presses):
+            key = events.Key("greater_than_sign", ">") if i % 5 == 4 else events.Key("down", None)
+            key.set_sender(app)
+            began = time.perf_counter()
+            # Not pilot.press (it sleeps until the process looks idle) nor the driver (it posts
+            # from another task, so the key could land after our "all handled" marker).
+            app.post_message(key)
+            await _painted(pilot)
+            keys.append(time.perf_counter() - began)
+        await pilot.pause()
+        if table.sort_key == "rank" or table.cursor == 0:  # the keys must really have been handled
+            raise RuntimeError(f"keys had no effect (sort {table.sort_key}, cursor {table.cursor})")
+    keys.sort()
+    return {"update_ms": 1000 * statistics.median(update), "paint_ms": 1000 * statistics.median(paint),
+            "cycle_ms": 1000 * statistics.median(cycle),
+            "key_p95_ms": 1000 * keys[min(len(keys) - 1, int(0.95 * len(keys)))],
+            "key_max_ms": 1000 * keys[-1], "rows": float(len(table.shown_rows))}
+
+
+async def _painted(pilot) -> None:  # type: ignore[no-untyped-def]
+    # Every message queued so far is handled, then the screen's pending repaint is done now.
+    await pilot._wait_for_screen()
+    pilot.app.screen._on_timer_update()
+
+
+def _states(app) -> list[object]:  # type: ignore[no-untyped-def]
+    return [v.state for v in app.model.ranks.values()]
+
+
+def tui_available() -> str:
+    """'' when the Textual app and rank table import, else why not."""
+    try:
+        from ddptop.tui.app import DdptopApp  # noqa: F401
+        from ddptop.tui.widgets.rank_table import RankTable  # noqa: F401
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def main() -> int:
+    """Run every size and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="64,1024,4096")
+    parser.add_argument("--window", type=float, default=5.0, help="ingest measurement seconds")
+    parser.add_argument("--presses", type=int, default=40)
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.ranks.split(",")]
+    ensure_fd_limit(max(sizes) + 512)  # one viewer socket per rank, plus margin
+    why_no_tui = tui_available()
+    rows = []
+    for n in sizes:
+        rt = Path(tempfile.mkdtemp(prefix="ddptop-bench-"))
+        os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
+        job_id = f"bench{n}"
+        began = time.monotonic()
+        gen = run_in_subprocess(n, job_id, "healthy", 1.0, rt, ready_timeout=120)
+        start_s = time.monotonic() - began
+        try:
+            ingest = measure_ingest(job_id, n, args.window)
+            tui = asyncio.run(_tui(job_id, n, args.presses)) if not why_no_tui else {}
+        finally:
+            gen.stop()
+        rows.append((n, start_s, ingest, tui))
+        print(f"  done {n} ranks", file=sys.stderr, flush=True)
+    head = (f"{'ranks':>6} {'gen start s':>11} {'attach s':>8} {'events/s':>8} {'ingest CPU ms/s':>15} "
+            f"{'(apply)':>7} {'update ms':>9} {'paint ms':>8} {'redraw ms':>9} {'key p95 ms':>10} "
+            f"{'key max':>7}")
+    print(head)
+    print("-" * len(head))
+    for n, start_s, ing, tui in rows:
+        def f(key: str, t: dict[str, float] = tui) -> str:
+            return f"{t[key]:.1f}" if key in t else "n/a"
+
+        print(f"{n:>6} {start_s:>11.1f} {ing['attach_s']:>8.1f} {ing['events_per_s']:>8.0f} "
+              f"{ing['cpu_ms_per_s']:>15.1f} {ing['apply_ms_per_s']:>7.1f} {f('update_ms'):>9} "
+              f"{f('paint_ms'):>8} {f('cycle_ms'):>9} {f('key_p95_ms'):>10} {f('key_max_ms'):>7}")
+    print(f"targets: redraw <= {REDRAW_TARGET_MS:.0f} ms at 4096 ranks, "
+          f"key latency p95 <= {KEY_TARGET_MS:.0f} ms")
+    if why_no_tui:
+        print(f"redraw/keys n/a: the Textual app is not importable ({why_no_tui})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
