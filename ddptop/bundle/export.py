@@ -1,0 +1,233 @@
+"""Export a diagnosis bundle of a live job: everything ddptop can tell, in one file.
+
+Shared by ``ddptop export`` and the dashboard's ``e`` key. One live source (a single
+selector thread) attaches to every rank; what arrives (states, histories, stacks, Flight
+Recorder dumps, connection changes) is kept, then host facts, dead ranks' crash files and
+the findings are added, and the bundle is written atomically. Ranks that do not answer
+are listed in the manifest with why; they never fail the export.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddptop import __version__, auth, discovery
+from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, Event, FindingsRecord, HostFacts, Manifest
+from ddptop.bundle.replay_source import findings_at
+from ddptop.bundle.writer import BundleWriter
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import JobTarget, resolve
+from ddptop.errors import UsageError
+from ddptop.model.job import LOST, JobModel
+from ddptop.protocol import ConnectionEvent, FrTraceMsg, HistoryMsg, RankState, RecordEntry
+
+log = logging.getLogger(__name__)
+
+# progress(stage, done, total): stage is "states", "stacks", "traces", "writing".
+Progress = Callable[[str, int, int], None]
+CRASH_READ_BYTES = 256 * 1024
+
+
+@dataclass
+class ExportSummary:
+    """What an export wrote, and which ranks did not answer (with why)."""
+
+    path: Path
+    job_id: str
+    world_size: int
+    answered: list[int]
+    unanswered: dict[int, str]
+    frames: int
+    size_bytes: int
+    seconds: float
+    findings: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """One-line summary for a terminal."""
+        missing = (f"; {len(self.unanswered)} did not answer: "
+                   + ", ".join(f"{r} ({why})" for r, why in sorted(self.unanswered.items())[:8])
+                   if self.unanswered else "")
+        return (f"exported job {self.job_id}: {len(self.answered)}/{self.world_size} ranks, "
+                f"{self.findings} finding(s), {self.size_bytes / 1024:.0f} KiB in {self.seconds:.1f} s "
+                f"-> {self.path}{missing}")
+
+
+class _Collector:
+    """Thread-safe sink for the live source's events."""
+
+    def __init__(self, job_id: str, world_size: int) -> None:
+        self.lock = threading.Lock()
+        self.events: list[Event] = []
+        self.model = JobModel(job_id=job_id, world_size=world_size)
+        self.histories: set[int] = set()
+
+    def emit(self, event: RecordEntry | ConnectionEvent) -> None:
+        with self.lock:
+            self.events.append(event)
+            self.model.apply(event)
+            if isinstance(event, RecordEntry) and isinstance(event.message, HistoryMsg):
+                self.histories.add(event.rank)
+
+    def settled(self, ranks: list[int]) -> int:
+        """How many of *ranks* sent a state and their history, or were lost."""
+        with self.lock:
+            done = 0
+            for rank in ranks:
+                view = self.model.ranks.get(rank)
+                if view is not None and (view.connection == LOST
+                                         or (view.state is not None and rank in self.histories)):
+                    done += 1
+            return done
+
+
+def _target_of(source_or_target: object) -> JobTarget:
+    if isinstance(source_or_target, JobTarget):
+        return source_or_target
+    if isinstance(source_or_target, LiveSource):
+        return source_or_target.target
+    if source_or_target is None or isinstance(source_or_target, str):
+        return resolve(source_or_target)
+    raise UsageError("export needs a live job (a replayed file is already a bundle)")
+
+
+def read_crash_file(job_id: str, rank: int) -> CrashFile | None:
+    """A dead rank's faulthandler file from this host's runtime dir (tail, bounded)."""
+    path = discovery.record_path(job_id, rank, "crash")
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - CRASH_READ_BYTES))
+            data = fh.read(CRASH_READ_BYTES)
+    except OSError:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    if len(text.strip().splitlines()) <= 1:
+        return None  # only the header line: the rank never dumped anything
+    return CrashFile(rank=rank, name=path.name, text=text, truncated=size > CRASH_READ_BYTES)
+
+
+def host_facts(states: list[RankState]) -> list[HostFacts]:
+    """Per-host facts as the ranks on each host reported them."""
+    by_host: dict[str, list[RankState]] = {}
+    for st in states:
+        by_host.setdefault(st.host, []).append(st)
+    out: list[HostFacts] = []
+    for host, group in sorted(by_host.items()):
+        latest = max(group, key=lambda s: s.time)
+        facts = {
+            "ranks": str(len(group)),
+            "cpu_count": str(latest.cpu_count) if latest.cpu_count is not None else "",
+            "load_avg": " ".join(f"{x:.2f}" for x in latest.load_avg),
+            "mem_available_bytes": str(latest.mem_available_bytes or ""),
+            "shm_used_bytes": str(latest.shm_used_bytes or ""),
+            "shm_total_bytes": str(latest.shm_total_bytes or ""),
+            "loader_workers": str(sum(s.loader_workers for s in group)),
+            "backend": latest.backend,
+            "gpus": ", ".join(sorted({s.gpu.name for s in group if s.gpu and s.gpu.name})),
+            "torch": ", ".join(sorted({s.versions.torch or "" for s in group} - {""})),
+            "cuda": ", ".join(sorted({s.versions.cuda or "" for s in group} - {""})),
+            "nccl": ", ".join(sorted({s.versions.nccl or "" for s in group} - {""})),
+            "driver": ", ".join(sorted({s.versions.driver or "" for s in group} - {""})),
+        }
+        out.append(HostFacts(host=host, ranks=sorted(s.rank for s in group),
+                             facts={k: v for k, v in facts.items() if v}))
+    return out
+
+
+def _wait_settled(collector: _Collector, ranks: list[int], timeout: float, progress: Progress) -> None:
+    deadline = time.monotonic() + timeout
+    done = -1
+    while time.monotonic() < deadline:
+        now_done = collector.settled(ranks)
+        if now_done != done:
+            done = now_done
+            progress("states", done, len(ranks))
+        if done >= len(ranks):
+            return
+        time.sleep(0.05)
+
+
+def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: str | os.PathLike[str],
+                  progress: Progress | None = None, *, token: str | None = None,
+                  timeout: float = 5.0) -> ExportSummary:
+    """Collect a live job into a bundle at *path*; ranks that do not answer are listed, not fatal."""
+    began = time.monotonic()
+    report: Progress = progress or (lambda stage, done, total: None)
+    target = _target_of(source_or_target)
+    ranks = list(range(target.world_size))
+    collector = _Collector(target.job_id, target.world_size)
+    live = LiveSource(target, token=token if token is not None else auth.load_token(),
+                      connect_timeout=timeout)
+    unanswered: dict[int, str] = {}
+    live.start(collector.emit)
+    try:
+        _wait_settled(collector, ranks, timeout, report)
+        live_ranks = sorted(e.rank for e in target.endpoints)
+        report("stacks", 0, len(live_ranks))
+        stacks = live.request_stacks(timeout=timeout)
+        report("stacks", len(stacks.stacks), len(live_ranks))
+        report("traces", 0, len(live_ranks))
+        traces = live.request_fr_traces(timeout=timeout)
+        report("traces", len(traces), len(live_ranks))
+    finally:
+        live.stop()
+    with collector.lock:
+        events = list(collector.events)
+        model = collector.model
+    # Replies came through emit; failed FR requests did not, so keep their reasons too.
+    now = time.time()
+    for rank, trace in sorted(traces.items()):
+        if trace.error:
+            events.append(RecordEntry(time=now, rank=rank, message=FrTraceMsg(
+                rank=rank, time=trace.time, error=trace.error)))
+    for rank, why in stacks.errors.items():
+        unanswered[rank] = f"stacks: {why}"
+    for rank in ranks:
+        view = model.ranks.get(rank)
+        if view is None or view.state is None:
+            reason = view.connection_reason if view is not None and view.connection_reason else "no state"
+            unanswered[rank] = reason
+    states = [v.state for v in model.ranks.values() if v.state is not None]
+    dead = {e.rank for e in target.dead} | {r for r, v in model.ranks.items() if v.connection == LOST}
+    crash_files = [c for c in (read_crash_file(target.job_id, r) for r in sorted(dead)) if c is not None]
+    findings = _findings(model, now)
+    manifest = Manifest(schema_version=SCHEMA_VERSION, kind="bundle", created=now, job_id=target.job_id,
+                        world_size=target.world_size, ddptop_version=__version__,
+                        hosts=sorted({s.host for s in states}), unanswered=unanswered)
+    report("writing", 0, 1)
+    writer = BundleWriter(path, manifest, atomic=True, flush_interval_s=3600.0)
+    try:
+        for event in events:
+            writer.write(event)
+        for facts in host_facts(states):
+            writer.write(facts)
+        for crash in crash_files:
+            writer.write(crash)
+        writer.write(findings)
+        writer.close("export")
+    except BaseException:
+        writer.abort()
+        raise
+    report("writing", 1, 1)
+    return ExportSummary(path=Path(path), job_id=target.job_id, world_size=target.world_size,
+                         answered=[s.rank for s in sorted(states, key=lambda s: s.rank)],
+                         unanswered=unanswered, frames=writer.frames, size_bytes=writer.bytes_written,
+                         seconds=time.monotonic() - began, findings=len(findings.findings))
+
+
+def _findings(model: JobModel, now: float) -> FindingsRecord:
+    try:
+        found = findings_at(model, now)
+    except Exception as exc:  # the bundle matters more than a diagnosis bug
+        log.warning("diagnosis failed during export: %s", exc)
+        return FindingsRecord(time=now, error=f"diagnosis failed: {exc}")
+    if found is None:
+        return FindingsRecord(time=now, error="diagnosis not available in this ddptop")
+    return FindingsRecord(time=now, findings=found)

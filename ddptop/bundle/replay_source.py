@@ -1,0 +1,184 @@
+"""ReplaySource: a recording or bundle as a :class:`~ddptop.source.ReplayableSource`.
+
+The file is read once; the model is folded once, and a copy of it is kept every
+``CHECKPOINT_EVERY`` events, so ``model_at(t)`` costs one copy plus at most that many
+events wherever the timeline jumps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import gc
+import importlib
+import logging
+import os
+from collections import deque
+from collections.abc import Sequence
+
+from ddptop.bundle.format import Event, Manifest
+from ddptop.bundle.reader import Contents, end_time, read_file
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.job import HISTORY_LEN, JobModel
+from ddptop.protocol import FrTraceMsg
+from ddptop.source import Emit, StacksResult
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_EVERY = 2000
+FINDING_SCAN_POINTS = 240  # moments the first-finding search evaluates, at most
+
+
+def copy_model(model: JobModel) -> JobModel:
+    """An independent copy of *model* (states are shared: nothing mutates them)."""
+    ranks = {r: dataclasses.replace(v, history=deque(v.history, maxlen=HISTORY_LEN))
+             for r, v in model.ranks.items()}
+    return JobModel(job_id=model.job_id, world_size=model.world_size, ranks=ranks,
+                    first_time=model.first_time, last_time=model.last_time)
+
+
+def findings_at(model: JobModel, now: float) -> list[Finding] | None:
+    """The diagnosis of *model* at *now*, or None if the diagnosis is not available."""
+    try:
+        diagnosis = importlib.import_module("ddptop.diagnosis")
+    except ImportError:
+        return None
+    rule = getattr(diagnosis, "findings_for_model", None)
+    if rule is None:
+        return None
+    result = rule(model, now)
+    found = getattr(result, "findings", result)
+    return [f for f in found if isinstance(f, Finding)]
+
+
+class ReplaySource:
+    """Replays a file: the app asks for the job at any moment with ``model_at``."""
+
+    live = False
+
+    def __init__(self, path: str | os.PathLike[str],
+                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
+        self.contents: Contents = read_file(path)
+        self.manifest: Manifest = self.contents.manifest
+        self.warnings: list[str] = list(self.contents.warnings)
+        self.description = (f"{self.manifest.kind} of job {self.manifest.job_id} "
+                            f"({self.manifest.world_size} ranks) from {self.contents.path.name}")
+        events = self.contents.events
+        self._times = [e.time for e in events]
+        self.start_time: float = self._times[0] if events else self.manifest.created
+        self.end_time: float = end_time(self.contents)
+        self.position: float = self.end_time
+        self._first_finding: float | None = None
+        self._first_finding_done = False
+        # Checkpoint i holds the model after the first i * every events.
+        self._every = max(1, checkpoint_every)
+        self._checkpoints: list[JobModel] = []
+        was_enabled = gc.isenabled()
+        gc.disable()  # as in read_file: many allocations, no cycles
+        try:
+            self._final = self._fold(events)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _fold(self, events: Sequence[Event]) -> JobModel:
+        model = JobModel(job_id=self.manifest.job_id, world_size=self.manifest.world_size)
+        self._checkpoints = [copy_model(model)]
+        for i, event in enumerate(events, 1):
+            model.apply(event)
+            if i % self._every == 0:
+                self._checkpoints.append(copy_model(model))
+        return model
+
+    # ------------------------------------------------------------ JobSource
+
+    def start(self, emit: Emit) -> None:
+        """Nothing streams in replay: the app pulls ``model_at``; kept for the protocol."""
+        self._emit = emit
+
+    def stop(self) -> None:
+        """Nothing to release (the file was read whole at open)."""
+
+    def request_stacks(self, ranks: Sequence[int] | None = None, timeout: float = 5.0) -> StacksResult:
+        """The last stacks recorded at or before the current position, per rank."""
+        model = self.model_at(self.position)
+        wanted = sorted(model.ranks) if ranks is None else list(ranks)
+        stacks, errors = {}, {}
+        for rank in wanted:
+            view = model.ranks.get(rank)
+            if view is not None and view.stacks is not None:
+                stacks[rank] = view.stacks
+            else:
+                errors[rank] = "no stacks recorded before this moment"
+        return StacksResult(stacks, errors)
+
+    def request_fr_traces(self, ranks: Sequence[int] | None = None,
+                          timeout: float = 5.0) -> dict[int, FrTraceMsg]:
+        """The last Flight Recorder dumps recorded at or before the current position."""
+        model = self.model_at(self.position)
+        wanted = sorted(model.ranks) if ranks is None else list(ranks)
+        out: dict[int, FrTraceMsg] = {}
+        for rank in wanted:
+            view = model.ranks.get(rank)
+            out[rank] = (view.fr_trace if view is not None and view.fr_trace is not None
+                         else FrTraceMsg(rank=rank, time=self.position, error="no trace recorded"))
+        return out
+
+    # ------------------------------------------------------------ ReplayableSource
+
+    def seek(self, t: float) -> float:
+        """Move the current position (clamped to the file's span); returns it."""
+        self.position = min(max(t, self.start_time), self.end_time)
+        return self.position
+
+    def model_at(self, t: float) -> JobModel:
+        """The job as known at *t* (every event with time <= t); a fresh copy each call."""
+        self.seek(t)
+        n = bisect.bisect_right(self._times, t)
+        if n == len(self._times):
+            return copy_model(self._final)
+        index = min(n // self._every, len(self._checkpoints) - 1)
+        model = copy_model(self._checkpoints[index])
+        for event in self.contents.events[index * self._every : n]:
+            model.apply(event)
+        return model
+
+    def event_times(self) -> list[float]:
+        """Distinct times at which anything was recorded, ascending."""
+        out: list[float] = []
+        for t in self._times:
+            if not out or t != out[-1]:
+                out.append(t)
+        return out
+
+    def first_finding_time(self) -> float | None:
+        """Earliest moment the diagnosis reports a warning or worse (None if never or unavailable)."""
+        if self._first_finding_done:
+            return self._first_finding
+        position = self.position
+        times = self.event_times()
+        step = max(1, len(times) // FINDING_SCAN_POINTS)
+        result: float | None = None
+        try:
+            # Coarse pass over evenly spaced moments, then an exact pass over the gap
+            # before the first hit, so the answer is exact at bounded cost.
+            hit = self._scan(times, range(0, len(times), step))
+            if hit is None and times and (len(times) - 1) % step:
+                hit = self._scan(times, [len(times) - 1])
+            if hit is not None:
+                exact = self._scan(times, range(max(0, hit - step + 1), hit + 1))
+                result = times[exact if exact is not None else hit]
+        except Exception as exc:  # a diagnosis bug must not break replay
+            log.warning("diagnosis failed during replay: %s", exc)
+        self.position = position
+        self._first_finding, self._first_finding_done = result, True
+        return result
+
+    def _scan(self, times: list[float], indices: Sequence[int]) -> int | None:
+        for i in indices:
+            found = findings_at(self.model_at(times[i]), times[i])
+            if found is None:
+                return None
+            if any(f.at_least("warning") for f in found):
+                return i
+        return None

@@ -1,0 +1,42 @@
+"""``ddptop export -o FILE [TARGET]``: a diagnosis bundle of a live job, in one file.
+
+Progress goes to stderr while ranks are collected; ranks that do not answer are listed
+in the summary (and the bundle's manifest) and make the exit code 3, never a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ddptop.bundle.export import export_bundle
+from ddptop.client.targets import resolve
+from ddptop.errors import RankUnreachable
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add export's options."""
+    parser.add_argument("target", nargs="?",
+                        help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here)")
+    parser.add_argument("-o", "--output", required=True, help="bundle file to write")
+    parser.add_argument("--timeout", type=float, default=5.0, help="per-stage timeout in seconds")
+
+
+def _progress(stage: str, done: int, total: int) -> None:
+    end = "\n" if done >= total else ""
+    print(f"\rddptop export: {stage} {done}/{total}   ", end=end, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the bundle, print a one-line summary; exit 3 if some ranks did not answer."""
+    target = resolve(args.target, store_timeout_s=args.timeout)
+    summary = export_bundle(target, args.output, progress=_progress if sys.stderr else None,
+                            timeout=args.timeout)
+    print(summary.line(), file=sys.stderr)
+    missing = {r: why for r, why in summary.unanswered.items() if not why.startswith("stacks:")}
+    if missing:
+        raise RankUnreachable(f"{len(missing)} rank(s) did not answer; the bundle holds the rest")
+    return 0

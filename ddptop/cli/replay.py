@@ -1,0 +1,67 @@
+"""``ddptop replay FILE``: open a recording or bundle in the dashboard (same app, replay source).
+
+``--info`` prints what the file holds instead (no terminal UI): handy in scripts and to
+check a file. A damaged recording opens up to the damage, with a warning on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+
+from ddptop.bundle.replay_source import ReplaySource
+from ddptop.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add replay's options."""
+    parser.add_argument("file", help="a recording (ddptop record) or bundle (ddptop export)")
+    parser.add_argument("--info", action="store_true", help="print what the file holds and exit")
+
+
+def describe(source: ReplaySource) -> str:
+    """A few lines about the file: manifest, span, ranks, extras."""
+    m = source.manifest
+    span = source.end_time - source.start_time
+    model = source.model_at(source.end_time)
+    statuses = model.statuses(source.end_time)
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created))
+    lines = [
+        f"{m.kind} of job {m.job_id}: {m.world_size} ranks on {', '.join(m.hosts) or '?'}, "
+        f"written by ddptop {m.ddptop_version} at {created}",
+        f"{len(source.contents.events)} events over {span:.1f} s; "
+        f"ranks at the end: {', '.join(f'{r}={s}' for r, s in statuses.items()) or 'none'}",
+    ]
+    if m.unanswered:
+        lines.append("did not answer: " + ", ".join(f"{r} ({w})" for r, w in sorted(m.unanswered.items())))
+    if source.contents.crash_files:
+        lines.append("crash files: ranks " + ", ".join(str(r) for r in sorted(source.contents.crash_files)))
+    if source.contents.findings is not None:
+        lines.append(f"findings at export: {len(source.contents.findings.findings)}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the file (errors are one line), then open the dashboard on it."""
+    source = ReplaySource(args.file)
+    for warning in source.warnings:
+        print(f"ddptop: warning: {args.file}: {warning}", file=sys.stderr)
+    if args.info:
+        print(describe(source))
+        return 0
+    try:
+        app_module = importlib.import_module("ddptop.tui.app")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("ddptop.tui"):
+            raise UsageError("the dashboard is not available in this ddptop (try --info)") from None
+        raise
+    app_class = getattr(app_module, "DdptopApp", None)
+    if app_class is None:
+        raise UsageError("the dashboard is not available in this ddptop (try --info)")
+    app_class(source=source).run()
+    return 0
