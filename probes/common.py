@@ -46,3 +46,15 @@ def small_model(width: int = 64, classes: int = 10) -> nn.Module:
 def step_sleep() -> float:
     """Per-step pause (PROBE_STEP_SLEEP, s) so CPU jobs do not saturate small machines."""
     return float(os.environ.get("PROBE_STEP_SLEEP", "0.02"))
+
+
+def stop_together(end: float, device: torch.device) -> bool:
+    """True on every rank once any rank is past *end* (monotonic), decided by an all-reduce.
+
+    Each rank checking only its own clock stops a step earlier or later than its peers
+    (their deadlines differ by their start-up), and leaves them in a collective it never
+    joins: a hang at the end of every probe. Call it once per step, on every rank.
+    """
+    flag = torch.tensor([1.0 if time.monotonic() > end else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)

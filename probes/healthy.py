@@ -13,11 +13,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from common import deadline, setup, small_model, step_sleep  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+import torch
+import torch.distributed as dist
+from common import deadline, setup, small_model, step_sleep, stop_together
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def main() -> None:
@@ -32,6 +32,7 @@ def main() -> None:
     end = deadline()
     epochs = int(os.environ.get("PROBE_EPOCHS", "1000"))
     pause = step_sleep()
+    stop = False
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -40,9 +41,12 @@ def main() -> None:
             loss.backward()
             opt.step()
             time.sleep(pause)
-            if time.monotonic() > end:
+            # Decided together: a rank that stopped on its own clock would leave its peers
+            # in an all-reduce it never joins.
+            stop = stop_together(end, device)
+            if stop:
                 break
-        if time.monotonic() > end:
+        if stop:
             break
     dist.barrier()
     if rank == 0:
