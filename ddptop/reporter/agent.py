@@ -151,7 +151,7 @@ class Reporter:
             setattr(s, key, value)
         s.shm_used_bytes, s.shm_total_bytes = self.system.shm()
         s.gpu = self.system.gpu()
-        if s.status == "starting" and (p.step or p.batches_total or s.collectives):
+        if s.status == "starting" and (p.step or p.last_batch_pc or s.collectives):
             s.status = "running"
         self.stats.samples += 1
         self.stats.clients = self.server.client_count if self.server else 0
@@ -181,6 +181,7 @@ class Reporter:
             s.data_wait_fraction = min(1.0, d_wait / d_time)
         self._last_steps, self._last_step_time, self._last_wait = steps, step_time, wait
         s.step, s.last_step_at = steps, p.last_step_at
+        s.last_batch_at = p.last_batch_at  # converted from the hot path's perf_counter stamp
         s.epoch, s.batch, s.batches_per_epoch = max(p.epoch, 0), p.batch, p.batches_per_epoch
         it = p.loader_iter() if p.loader_iter is not None else None
         if it is not None:

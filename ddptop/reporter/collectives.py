@@ -21,6 +21,10 @@ from ddptop.protocol import CollectiveGroup, PendingOp
 
 log = logging.getLogger(__name__)
 
+# Minimum spacing of Flight Recorder reads while a group is stalled (a dump of 2000
+# entries costs milliseconds, so once per sample at most).
+FR_REFRESH_S = 0.9
+
 
 class CollectiveTracker:
     """Remembers when each group's seq last moved, and reads FR when it stalls."""
@@ -65,13 +69,22 @@ class CollectiveTracker:
                     seq_changed_at=changed_at,
                 )
             )
-        if stalled and now - self._last_fr_read >= self.fr_after_s:
+        if not stalled:
+            self._pending = {}
+        elif now - self._last_fr_read >= FR_REFRESH_S:
+            # Re-read on every stalled sample (rate-limited): an op seen pending once may
+            # complete while the rank then idles without a new collective, and a cached
+            # list would keep reporting it with an ever-growing age.
             self._last_fr_read = now
             self._pending = pending_from_fr(read_fr_json(), now)
         for group in groups:
             pending = self._pending.get(group.pg, [])
-            # FR can lag behind seq: only ops at or beyond the group's seq are pending.
+            # Only ops at or beyond the group's seq can be pending: an op the seq moved
+            # past was followed by another, and FR entries may lag behind.
             group.pending = [op for op in pending if op.seq >= group.seq]
+            for op in group.pending:
+                if op.started_at:
+                    op.age_s = max(0.0, now - op.started_at)
             if group.pending and group.pending[0].timeout_s is not None:
                 group.timeout_s = group.pending[0].timeout_s
         return groups
@@ -93,9 +106,11 @@ def read_fr_json() -> str:
     if dump is None:
         return ""
     try:
-        return str(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
-    except TypeError:  # older signatures take no keywords
-        return str(dump())
+        raw = dump(includeCollectives=True, onlyActive=False)
+    except TypeError:  # signatures differ between torch releases: take the defaults
+        raw = dump()
+    # torch returns bytes; str(bytes) would give "b'...'", which no JSON parser reads.
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
 
 
 def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:

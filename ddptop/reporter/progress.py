@@ -23,21 +23,29 @@ class Progress:
     """Counters shared between the training thread (writer) and the reporter (reader)."""
 
     __slots__ = (
-        "step", "step_time_total", "last_step_pc", "last_step_at",
-        "wait_total", "batches_total", "last_batch_pc", "last_batch_at",
-        "epoch", "batch", "batches_per_epoch", "loader_iter", "primary_loader_id", "primary_iter_id",
-        "optimizer_id", "hook_errors", "on_epoch_start", "on_wrap",
+        "batch",
+        "batches_per_epoch",
+        "epoch",
+        "first_step_pc",
+        "hook_errors",
+        "last_batch_pc",
+        "last_step_pc",
+        "loader_iter",
+        "on_epoch_start",
+        "on_wrap",
+        "optimizer_id",
+        "primary_iter_id",
+        "primary_loader_id",
+        "step",
+        "wait_total",
     )
 
     def __init__(self) -> None:
         self.step = 0
-        self.step_time_total = 0.0  # sum of step intervals (s)
-        self.last_step_pc = 0.0
-        self.last_step_at = 0.0  # wall clock
+        self.first_step_pc = 0.0  # perf_counter of the first step
+        self.last_step_pc = 0.0  # perf_counter of the latest step
         self.wait_total = 0.0  # time spent inside DataLoader __next__ (s)
-        self.batches_total = 0
-        self.last_batch_pc = 0.0
-        self.last_batch_at = 0.0
+        self.last_batch_pc = 0.0  # perf_counter of the latest training batch (0: none yet)
         self.epoch = -1  # -1 until the first epoch starts
         self.batch = 0
         self.batches_per_epoch: int | None = None
@@ -53,26 +61,52 @@ class Progress:
     def mark_step(self) -> None:
         """Count one training step (optimizer hook or ``ddptop.step()``)."""
         now = _perf()
-        if self.last_step_pc:
-            self.step_time_total += now - self.last_step_pc
+        if not self.step:
+            self.first_step_pc = now
         self.last_step_pc = now
         self.step += 1
-        self.last_step_at = time.time()
+
+    # Derived on the reporter thread, so the hot path stores one timestamp per step:
+    # the sum of the step intervals is simply last - first, and wall-clock times are
+    # converted from perf_counter stamps only when sampled.
+
+    @property
+    def step_time_total(self) -> float:
+        """Sum of the intervals between counted steps (s)."""
+        return self.last_step_pc - self.first_step_pc if self.step > 1 else 0.0
+
+    @property
+    def last_step_at(self) -> float:
+        """Wall clock of the latest step (0.0 before the first)."""
+        return _wall_of(self.last_step_pc)
+
+    @property
+    def last_batch_at(self) -> float:
+        """Wall clock of the latest training batch (0.0 before the first)."""
+        return _wall_of(self.last_batch_pc)
+
+
+def _wall_of(pc: float) -> float:
+    return time.time() - (_perf() - pc) if pc else 0.0
 
 
 PROGRESS = Progress()
 
 
-def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    # With several optimizers, count the steps of the first one only: one step of
-    # training calls every optimizer once.
-    p = PROGRESS
-    ident = id(optimizer)
-    if p.optimizer_id == 0:
-        p.optimizer_id = ident
-    elif p.optimizer_id != ident:
-        return
-    p.mark_step()
+def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any, _p: Progress = PROGRESS,
+                         _perf: Callable[[], float] = _perf, _id: Callable[[object], int] = id) -> None:
+    # Runs after every optimizer.step(): keep it to one clock read and three stores.
+    # Defaults bind globals as locals (faster lookups); torch passes only 3 arguments.
+    # With several optimizers, count the first one only: a training step calls each once.
+    if _id(optimizer) != _p.optimizer_id:
+        if _p.optimizer_id:
+            return
+        _p.optimizer_id = _id(optimizer)
+    now = _perf()
+    if not _p.step:
+        _p.first_step_pc = now
+    _p.last_step_pc = now
+    _p.step += 1
 
 
 def install_torch_patches(torch_module: Any) -> list[str]:
@@ -97,17 +131,18 @@ def _patch_dataloader() -> list[str]:
     original_iter = dl.DataLoader.__iter__
     p = PROGRESS
 
-    def __next__(self: Any) -> Any:
+    # Defaults bind the closure's names as locals: this runs once per batch.
+    def __next__(self: Any, _next: Any = original_next, _p: Progress = p,
+                 _perf: Callable[[], float] = _perf, _id: Callable[[object], int] = id) -> Any:
         t0 = _perf()
         try:
-            return original_next(self)
+            return _next(self)
         finally:
             t1 = _perf()
-            p.wait_total += t1 - t0
-            if id(self) == p.primary_iter_id:
-                p.batch = self._num_yielded
-                p.batches_total += 1
-                p.last_batch_pc = t1
+            _p.wait_total += t1 - t0
+            if _id(self) == _p.primary_iter_id:
+                _p.batch = self._num_yielded
+                _p.last_batch_pc = t1
 
     def __iter__(self: Any) -> Any:
         it = original_iter(self)
@@ -130,8 +165,8 @@ def _patch_dataloader() -> list[str]:
             p.hook_errors += 1
         return it
 
-    base_iter_cls.__next__ = __next__  # type: ignore[method-assign]
-    dl.DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    base_iter_cls.__next__ = __next__
+    dl.DataLoader.__iter__ = __iter__
     base_iter_cls._ddptop_patched = True
     return ["DataLoader.__iter__", "_BaseDataLoaderIter.__next__"]
 

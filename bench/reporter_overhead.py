@@ -1,0 +1,279 @@
+"""What the reporter costs a training job: step-time overhead and per-batch / per-step cost.
+
+    .venv/bin/python bench/reporter_overhead.py [--rounds 4] [--steps 300] [--nproc 2]
+
+1. A/B step time of a small DDP job (gloo, CPU): the same script run by plain
+   ``torchrun`` (A) and by ``ddptop launch -- torchrun`` (B), alternating A, B, A, B...
+   in one run so that machine noise hits both alike. Each job reports the median of its
+   per-step wall times (rank 0, after warm-up); the table gives the median over rounds
+   and the ratio B/A.
+2. Microbenchmarks in this process (timeit, best of several repeats, A/B interleaved):
+   the patched ``_BaseDataLoaderIter.__next__`` against the original (around a no-op,
+   which isolates the hook, and on a real single-process iterator), and the optimizer
+   step post hook (direct call, and ``opt.step()`` with vs without the hook).
+
+Targets (issue 2): <= 0.5 % step overhead, <= 1 us per batch and per step.
+When started by torchrun (RANK set) this file is the benchmark's training script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MARK = "DDPTOP_BENCH "
+
+
+# ---------------------------------------------------------------- the training job
+
+
+def worker(steps: int, warmup: int) -> None:
+    """Train a small DDP MLP for *steps* timed steps; rank 0 prints the step times."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    total = (steps + warmup) * 32 * dist.get_world_size()
+    data = TensorDataset(torch.randn(total, 128), torch.randint(0, 10, (total,)))
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, seed=0))
+    model = DDP(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                              nn.Linear(256, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    times: list[float] = []
+    cpu0 = 0.0
+    last = time.perf_counter()
+    for i, (x, y) in enumerate(loader):
+        if i == warmup:
+            cpu0 = time.process_time()
+            samples0, _ = reporter_samples()
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        now = time.perf_counter()
+        times.append(now - last)  # the whole step, DataLoader fetch included
+        last = now
+    # Process CPU time (every thread: training, gloo, the reporter) per timed step: far
+    # less sensitive than wall time to other jobs on a shared machine.
+    timed = max(1, len(times) - warmup)
+    cpu = (time.process_time() - cpu0) / timed
+    samples1, sample_cost = reporter_samples()
+    rep = (samples1 - samples0) * sample_cost / timed
+    times = times[warmup:]
+    if dist.get_rank() == 0:
+        print(MARK + json.dumps({"median": statistics.median(times), "mean": statistics.fmean(times),
+                                 "cpu": cpu, "reporter_cpu": rep, "n": len(times)}),
+              flush=True)
+    dist.destroy_process_group()
+
+
+def reporter_samples() -> tuple[int, float]:
+    """Samples the ddptop reporter of this process took so far, and the CPU cost of the latest.
+
+    Thread CPU clocks tick at 10 ms, coarser than a short job's whole reporter cost, so
+    the benchmark multiplies the samples taken in the timed window by the CPU time of a
+    sample (``thread_time``, measured by the reporter itself). (0, 0.0) without one.
+    """
+    from ddptop.reporter import current
+
+    stats = getattr(current(), "stats", None)
+    if stats is None:
+        return 0, 0.0
+    return int(stats.samples), float(stats.sample_cost_s)
+
+
+def run_job(with_reporter: bool, nproc: int, steps: int, warmup: int,
+            runtime_dir: str) -> tuple[float, float, float]:
+    """Run one job; rank 0's median step wall time, CPU per step, reporter CPU per step (s)."""
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc),
+                str(Path(__file__).resolve()), "--steps", str(steps), "--warmup", str(warmup)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DDPTOP_RUNTIME_DIR=runtime_dir)
+    env.pop("DDPTOP_DISABLE", None)
+    cmd = [sys.executable, "-m", "ddptop", "launch", "--", *torchrun] if with_reporter else torchrun
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False,
+                         cwd=ROOT)
+    for line in res.stdout.splitlines():
+        if line.startswith(MARK):
+            result = json.loads(line[len(MARK):])
+            return float(result["median"]), float(result["cpu"]), float(result["reporter_cpu"])
+    raise RuntimeError(f"job failed (rc {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+
+
+# ---------------------------------------------------------------- microbenchmarks
+
+
+def best_of(fn: Callable[[], Any], number: int, repeat: int) -> float:
+    """Best per-call time in seconds over *repeat* runs of *number* calls."""
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def ab(fn_a: Callable[[], Any], fn_b: Callable[[], Any], number: int, rounds: int) -> tuple[float, float]:
+    """Per-call best times of A and B, measured in alternation."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(rounds):
+        a.append(best_of(fn_a, number, 1))
+        b.append(best_of(fn_b, number, 1))
+    return min(a), min(b)
+
+
+def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
+    """(name, original us, patched us) rows for the hot-path hooks."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DataLoader, Sampler
+    from torch.utils.data import dataloader as dl
+
+    from ddptop.reporter import progress
+
+    rows: list[tuple[str, float, float]] = []
+    p = progress.PROGRESS
+    base = dl._BaseDataLoaderIter
+    assert not getattr(base, "_ddptop_patched", False), "run the bench outside ddptop launch"
+
+    # (a) The wrapper alone: patch around a no-op __next__, then restore.
+    real_next, real_iter = base.__next__, DataLoader.__iter__
+
+    class Fake:
+        _num_yielded = 0
+
+    def noop(self: Any) -> Any:
+        return None
+
+    base.__next__ = noop  # type: ignore[method-assign]
+    progress._patch_dataloader()
+    wrapped_noop = base.__next__
+    base.__next__, DataLoader.__iter__ = real_next, real_iter  # type: ignore[method-assign]
+    base._ddptop_patched = False
+    fake = Fake()
+    p.primary_iter_id = id(fake)  # worst case: the training loader's iterator
+    a, b = ab(lambda: noop(fake), lambda: wrapped_noop(fake), number, rounds)
+    rows.append(("DataLoader __next__ hook alone (around a no-op)", a * 1e6, b * 1e6))
+
+    # (b) A real single-process iterator: original vs patched __next__.
+    class Forever(Sampler[int]):
+        def __init__(self) -> None:
+            pass
+
+        def __iter__(self) -> Any:
+            while True:
+                yield 0
+
+    loader = DataLoader([1.0], batch_size=None, sampler=Forever())
+    it = iter(loader)
+    original_next = base.__next__
+    progress._patch_dataloader()
+    patched_next = base.__next__
+    p.primary_iter_id = id(it)
+    a, b = ab(lambda: original_next(it), lambda: patched_next(it), number // 4, rounds)
+    rows.append(("DataLoader __next__, real iterator (batch_size=None)", a * 1e6, b * 1e6))
+
+    # (c) The optimizer step post hook: a direct call, then opt.step() with vs without it.
+    param = torch.zeros(1, requires_grad=True)
+    param.grad = torch.zeros(1)
+    opt = torch.optim.SGD([param], lr=0.0)
+    p.optimizer_id = id(opt)
+    a, b = ab(lambda: None, lambda: progress._optimizer_post_hook(opt, (), {}), number, rounds)
+    rows.append(("optimizer post hook alone (direct call vs no-op)", a * 1e6, b * 1e6))
+    without: list[float] = []
+    with_hook: list[float] = []
+    for _ in range(rounds):
+        without.append(best_of(opt.step, number // 20, 1))
+        handle = register_optimizer_step_post_hook(progress._optimizer_post_hook)
+        with_hook.append(best_of(opt.step, number // 20, 1))
+        handle.remove()
+    rows.append(("SGD.step() on 1 param, without vs with the hook", min(without) * 1e6,
+                 min(with_hook) * 1e6))
+    return rows
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> int:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=4, help="A/B job pairs (default 4)")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per job")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed steps per job")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per job (default 2)")
+    parser.add_argument("--number", type=int, default=200_000, help="calls per microbenchmark run")
+    parser.add_argument("--skip-jobs", action="store_true", help="microbenchmarks only")
+    args = parser.parse_args()
+    if "RANK" in os.environ:
+        worker(args.steps, args.warmup)
+        return 0
+
+    print(f"# reporter overhead  (python {sys.version.split()[0]}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.2f})")
+    if not args.skip_jobs:
+        runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        reporter_cpu: list[float] = []
+        with tempfile.TemporaryDirectory(prefix="ddptop-bench-") as rt:
+            for i in range(args.rounds):
+                # Alternate which variant goes first so slow drift does not favour one.
+                order = (False, True) if i % 2 == 0 else (True, False)
+                for with_reporter in order:
+                    wall, cpu, rep = run_job(with_reporter, args.nproc, args.steps, args.warmup, rt)
+                    runs[with_reporter].append((wall, cpu))
+                    if with_reporter:
+                        reporter_cpu.append(rep)
+                    print(f"  round {i + 1} {'with   ' if with_reporter else 'without'} reporter: "
+                          f"median step {wall * 1e3:8.3f} ms, cpu/step {cpu * 1e3:8.3f} ms", flush=True)
+        print()
+        print(f"## step time, DDP gloo CPU, {args.nproc} ranks, {args.steps} steps x {args.rounds} "
+              "rounds (A/B interleaved, medians over rounds)")
+        print("| variant | wall ms/step | CPU ms/step (all threads) | per-round wall ms |")
+        print("|---|---:|---:|---|")
+        med: dict[bool, tuple[float, float]] = {}
+        for with_reporter in (False, True):
+            walls = [w for w, _ in runs[with_reporter]]
+            cpus = [c for _, c in runs[with_reporter]]
+            med[with_reporter] = (statistics.median(walls), statistics.median(cpus))
+            label = "with" if with_reporter else "without"
+            wall, cpu = med[with_reporter]
+            print(f"| {label} reporter | {wall * 1e3:.3f} | {cpu * 1e3:.3f} | "
+                  f"{', '.join(f'{w * 1e3:.2f}' for w in walls)} |")
+        wall_ratio = med[True][0] / med[False][0]
+        cpu_ratio = med[True][1] / med[False][1]
+        print(f"| ratio with/without | {wall_ratio:.4f} ({(wall_ratio - 1) * 100:+.2f} %) | "
+              f"{cpu_ratio:.4f} ({(cpu_ratio - 1) * 100:+.2f} %) | target <= +0.5 % |")
+        rep_step = statistics.median(reporter_cpu)
+        print(f"| reporter thread CPU per step | | {rep_step * 1e6:.2f} us "
+              f"({rep_step / med[False][1] * 100:.3f} % of a step's CPU) | measured in the B jobs |")
+        print()
+        print("(wall and CPU ratios include the noise of a shared machine: compare the spread of "
+              "per-round values;\n the reporter thread's own CPU and the hook costs below are the "
+              "noise-free part of the overhead)")
+        print()
+    rows = micro(args.number, rounds=9)
+    print("## added cost on the training thread (best of 9 interleaved runs)")
+    print("| hot path | original (us) | with ddptop (us) | added (us) |")
+    print("|---|---:|---:|---:|")
+    for name, a, b in rows:
+        print(f"| {name} | {a:.3f} | {b:.3f} | {b - a:+.3f} |")
+    print("target: <= 1 us added per batch and per step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Import boundaries: what a rank loads must stay small and free of viewer code.
+
+Checked in fresh interpreters (a test process has long since imported everything), and
+with import-linter's contract from ``pyproject.toml`` when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VIEWER = ("textual", "rich", "ddptop.tui", "ddptop.cli", "ddptop.client", "ddptop.model",
+          "ddptop.diagnosis", "ddptop.bundle")
+
+
+def _modules_after(code: str) -> set[str]:
+    """sys.modules of a fresh interpreter after running *code*."""
+    probe = code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))\n"
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    return set(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def _viewer_modules(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded if any(m == v or m.startswith(v + ".") for v in VIEWER))
+
+
+@pytest.mark.parametrize("code", [
+    "import ddptop.reporter",
+    "import ddptop.reporter; ddptop.reporter.install",
+    "import ddptop.reporter.agent, ddptop.reporter.server, ddptop.reporter.progress",
+    "import ddptop.reporter.collectives, ddptop.reporter.system, ddptop.reporter.environment",
+    "import ddptop.reporter.crash, ddptop.reporter.stacks, ddptop.reporter.store_publish",
+    "import ddptop.reporter.config, ddptop.reporter.torch_import",
+    "import ddptop, ddptop.protocol, ddptop.wire, ddptop.discovery, ddptop.auth, ddptop.secrets_filter",
+])
+def test_reporter_imports_no_viewer_code(code: str) -> None:
+    """The rank side never pulls textual, rich or viewer packages into a training process."""
+    loaded = _modules_after(code)
+    assert "ddptop" in loaded  # the probe really imported something
+    assert _viewer_modules(loaded) == []
+
+
+def test_install_in_a_rank_loads_no_viewer_code(tmp_path: Path) -> None:
+    """Even a started reporter (RANK set, agent thread running) stays on its side."""
+    code = (
+        "import os; os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', "
+        f"DDPTOP_RUNTIME_DIR={str(tmp_path)!r}, DDPTOP_JOB_ID='bt')\n"
+        "import ddptop; assert ddptop.install()\n"
+        "import time; time.sleep(0.3)\n"
+        "from ddptop.reporter import current; current().shutdown()\n"
+    )
+    loaded = _modules_after(code)
+    assert "ddptop.reporter.agent" in loaded
+    assert _viewer_modules(loaded) == []
+    assert "torch" not in loaded  # the reporter waits for the script to import torch
+
+
+def test_import_ddptop_does_not_import_torch() -> None:
+    """``import ddptop`` is cheap: it is loaded into every rank and every viewer."""
+    loaded = _modules_after("import ddptop")
+    assert "torch" not in loaded
+    assert "msgspec" not in loaded and "psutil" not in loaded
+
+
+def test_sitecustomize_outside_a_rank_loads_nothing() -> None:
+    """Without RANK the injected sitecustomize must not even import the reporter."""
+    inject = ROOT / "ddptop" / "_inject"
+    res = subprocess.run(
+        [sys.executable, "-c", "import sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{inject}:{ROOT}"})
+    assert res.returncode == 0, res.stderr
+    loaded = set(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert "sitecustomize" in loaded
+    assert not any(m.startswith("ddptop.reporter") for m in loaded)
+
+
+def test_import_linter_contract() -> None:
+    """Run `lint-imports` on the contract in pyproject.toml (skipped if not installed)."""
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip("import-linter is not installed")
+    res = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "KEPT" in res.stdout and "BROKEN" not in res.stdout

@@ -1,0 +1,336 @@
+"""Unit tests of the foundation shared by ranks and viewers: wire, auth, secrets, discovery."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddptop import auth, discovery, secrets_filter, wire
+from ddptop.errors import AuthError, ProtocolError
+from ddptop.protocol import Hello, Message, RankState, Request, StateMsg
+
+
+def _messages() -> list[Message]:
+    return [
+        Hello(protocol=1, role="rank", rank=3, job_id="j"),
+        Request(command="state", id=1),
+        StateMsg(state=RankState(rank=3, local_rank=3, world_size=4, host="h", pid=9, step=42,
+                                 env={"NCCL_DEBUG": "INFO"})),
+    ]
+
+
+def _stream(messages: list[Message]) -> bytes:
+    return wire.header_bytes() + b"".join(wire.encode_frame(m) for m in messages)
+
+
+# ---------------------------------------------------------------- wire
+
+
+def test_framebuffer_split_at_every_byte_boundary() -> None:
+    """Two reads cut anywhere decode to exactly the same messages."""
+    msgs = _messages()
+    data = _stream(msgs)
+    for cut in range(len(data) + 1):
+        buf = wire.FrameBuffer()
+        got = buf.feed(data[:cut]) + buf.feed(data[cut:])
+        assert got == msgs, f"cut at byte {cut}"
+        assert buf.pending_bytes == 0
+
+
+def test_framebuffer_one_byte_at_a_time() -> None:
+    """The worst socket: every recv returns one byte."""
+    msgs = _messages()
+    buf = wire.FrameBuffer()
+    got: list[Message] = []
+    for i, byte in enumerate(_stream(msgs)):
+        got += buf.feed(bytes([byte]))
+        assert len(got) <= len(msgs), i
+    assert got == msgs
+
+
+@pytest.mark.parametrize("data", [b"GET / HTTP/1.1\r\n", b"X", b"\x00\x00\x00\x10"])
+def test_framebuffer_refuses_garbage_at_first_bytes(data: bytes) -> None:
+    """A foreign peer is refused as soon as its bytes disagree with the magic."""
+    with pytest.raises(ProtocolError, match="not a ddptop stream"):
+        wire.FrameBuffer().feed(data)
+
+
+def test_framebuffer_refuses_wrong_version_and_oversized_length() -> None:
+    """Version mismatch and over-limit lengths raise before any payload is read."""
+    with pytest.raises(ProtocolError, match="version 7"):
+        wire.FrameBuffer().feed(wire.header_bytes(version=7))
+    buf = wire.FrameBuffer(limit=100)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        buf.feed(wire.header_bytes() + wire.LENGTH.pack(101))
+    with pytest.raises(ProtocolError, match="undecodable"):
+        wire.FrameBuffer().feed(wire.header_bytes() + wire.LENGTH.pack(2) + b"\xc1\xc1")
+
+
+def test_iter_stream_round_trip_and_clean_end() -> None:
+    """A stream that ends between frames yields everything and stops."""
+    msgs = _messages()
+    assert list(wire.iter_stream(io.BytesIO(_stream(msgs)))) == msgs
+
+
+@pytest.mark.parametrize("cut_back", [1, 3, 5, 20])
+def test_iter_stream_truncated_keeps_complete_frames(cut_back: int) -> None:
+    """A stream cut inside the last frame yields every complete frame, then raises."""
+    msgs = _messages()
+    data = _stream(msgs)
+    got: list[Message] = []
+    with pytest.raises(ProtocolError, match="stream ended inside"):
+        for message in wire.iter_stream(io.BytesIO(data[:-cut_back])):
+            got.append(message)
+    assert got == msgs[:-1]
+
+
+def test_iter_stream_bad_header() -> None:
+    """Foreign files and short headers are refused with a reason."""
+    with pytest.raises(ProtocolError, match="not a ddptop stream"):
+        list(wire.iter_stream(io.BytesIO(b"PK\x03\x04xxxxxxxx")))
+    with pytest.raises(ProtocolError, match="inside the header"):
+        list(wire.iter_stream(io.BytesIO(b"DDP")))
+
+
+def test_encode_frame_refuses_oversized_payload() -> None:
+    """The sender enforces the same limit as the receiver."""
+    huge = StateMsg(state=RankState(rank=0, local_rank=0, world_size=1, host="h", pid=1,
+                                    env={"X": "y" * (wire.MAX_FRAME_BYTES + 1)}))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        wire.encode_frame(huge)
+
+
+# ---------------------------------------------------------------- auth
+
+
+def test_prove_and_verify() -> None:
+    """Only the right token for the right nonce verifies; nonces are fresh."""
+    nonce = auth.new_nonce()
+    assert len(nonce) == 32 and nonce != auth.new_nonce()
+    mac = auth.prove("tok", nonce)
+    assert auth.verify("tok", nonce, mac)
+    assert not auth.verify("tok2", nonce, mac)
+    assert not auth.verify("tok", auth.new_nonce(), mac)
+    assert not auth.verify("tok", nonce, "")
+    assert "tok" not in mac
+
+
+def test_load_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Explicit beats env beats file; a file must be private and non-empty."""
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    assert auth.load_token() is None
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    token_file.chmod(0o600)
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(token_file))
+    assert auth.load_token() == "from-file"
+    monkeypatch.setenv(auth.TOKEN_ENV, "from-env")
+    assert auth.load_token() == "from-env"
+    assert auth.load_token("explicit") == "explicit"
+    monkeypatch.delenv(auth.TOKEN_ENV)
+    token_file.chmod(0o644)
+    with pytest.raises(AuthError, match="chmod 600"):
+        auth.load_token()
+    token_file.chmod(0o600)
+    token_file.write_text("  \n")
+    with pytest.raises(AuthError, match="empty"):
+        auth.load_token()
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(tmp_path / "missing"))
+    with pytest.raises(AuthError, match="cannot read"):
+        auth.load_token()
+
+
+# ---------------------------------------------------------------- secrets
+
+
+CANARIES = {
+    "HF_TOKEN": "hf_CanaryCanaryCanary1234567890",
+    "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",
+    "DDPTOP_TOKEN": "ddptop-canary-token",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "TORCH_HOME_URL": "https://alice:CanaryPassw0rd@example.com/models",
+    "NCCL_EXTRA": "x ghp_CanaryGithubToken1234567890 y",
+    "OMP_NUM_THREADS": "4",
+    "MASTER_ADDR": "10.0.0.1",
+    "HOME": "/home/canary",
+    "AWS_SECRET_ACCESS_KEY": "CanaryAWSSecretKey",
+}
+
+
+def test_canary_secrets_never_leave() -> None:
+    """Every canary value is masked or dropped; useful variables survive unchanged."""
+    out = secrets_filter.filter_env(dict(CANARIES))
+    text = repr(out)
+    for needle in ("CanaryCanary", "0123456789abcdef", "ddptop-canary-token", "CanaryPassw0rd",
+                   "CanaryGithubToken", "CanaryAWSSecretKey"):
+        assert needle not in text, needle
+    assert out["HF_TOKEN"] == secrets_filter.MASK and out["DDPTOP_TOKEN"] == secrets_filter.MASK
+    assert out["WANDB_API_KEY"] == secrets_filter.MASK
+    assert out["TORCH_HOME_URL"] == "https://alice:***@example.com/models"
+    assert out["NCCL_EXTRA"] == "x *** y"
+    assert out["NCCL_SOCKET_IFNAME"] == "eth0" and out["OMP_NUM_THREADS"] == "4"
+    assert out["MASTER_ADDR"] == "10.0.0.1"
+    assert "HOME" not in out and "AWS_SECRET_ACCESS_KEY" not in out  # not a reported prefix
+
+
+def test_secret_names() -> None:
+    """Names decide, whatever the value looks like."""
+    assert secrets_filter.is_secret_name("my_api_key")
+    assert secrets_filter.is_secret_name("NCCL_AUTH_THING")
+    assert not secrets_filter.is_secret_name("NCCL_DEBUG")
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def test_runtime_dir_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Created 0700, and tightened to 0700 when it already exists wider."""
+    target = tmp_path / "rt"
+    monkeypatch.setenv(discovery.RUNTIME_ENV, str(target))
+    old = os.umask(0o022)
+    try:
+        path = discovery.runtime_dir()
+    finally:
+        os.umask(old)
+    assert path == target and stat.S_IMODE(path.stat().st_mode) == 0o700
+    path.chmod(0o755)
+    discovery.runtime_dir()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert discovery.runtime_dir(create=False) == target
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=30)
+    return proc.pid  # reaped: no process has this pid (until the kernel reuses it)
+
+
+def test_records_stale_pids_and_junk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live records are listed, stale ones only on request, junk never."""
+    monkeypatch.setenv(discovery.RUNTIME_ENV, str(tmp_path / "rt"))
+    live = discovery.Endpoint(job_id="j1", rank=1, world_size=2, host="127.0.0.1", port=1234,
+                              pid=os.getpid(), node="n")
+    dead = discovery.Endpoint(job_id="j1", rank=0, world_size=2, host="127.0.0.1", port=1235,
+                              pid=_dead_pid())
+    path = discovery.write_record(live)
+    discovery.write_record(dead)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    (path.parent / "junk.0.json").write_text("{not json")
+    (path.parent / "list.0.json").write_text("[1, 2]")
+    assert discovery.read_records() == [live]
+    assert sorted(discovery.read_records(include_stale=True), key=lambda e: e.rank) == [dead, live]
+    assert discovery.jobs_on_host() == {"j1": [live]}
+    assert Path(discovery.record_path("j1", 0, "crash")).name == "j1.0.crash"
+    assert discovery.Endpoint.from_json(live.to_json()) == live
+    assert not list(path.parent.glob("*.tmp*"))  # atomic write left no temporary behind
+
+
+def test_pid_alive() -> None:
+    """This process is alive; a reaped child is not."""
+    assert discovery.pid_alive(os.getpid())
+    assert not discovery.pid_alive(_dead_pid())
+
+
+# ---------------------------------------------------------------- collectives (FR parsing)
+
+
+def _fr_dump(entries: list[dict[str, object]], last_completed: int) -> str:
+    import json
+
+    # The shape gloo produces on torch 2.13: state stays "scheduled", pg_config keyed by "".
+    return json.dumps({
+        "version": "2.10", "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}},
+        "pg_status": {"0": {"last_enqueued_collective": str(max([0] + [int(str(e["collective_seq_id"]))
+                                                                        for e in entries])),
+                            "last_started_collective": "-1",
+                            "last_completed_collective": str(last_completed)}},
+        "entries": entries,
+    })
+
+
+def _entry(seq: int, op: str = "gloo:all_gather", retired: bool = False, created: float = 1000.0
+           ) -> dict[str, object]:
+    return {"collective_seq_id": seq, "pg_id": 0, "process_group": ["0", "default_pg"],
+            "profiling_name": op, "state": "scheduled", "retired": retired, "is_p2p": False,
+            "time_created_ns": int(created * 1e9), "timeout_ms": 60000,
+            "input_sizes": [[4]], "output_sizes": [[2, 4]], "input_dtypes": ["Float"]}
+
+
+def test_pending_from_gloo_fr_dump() -> None:
+    """Retired and completed ops are not pending; the op beyond them is, with its age."""
+    from ddptop.reporter.collectives import pending_from_fr
+
+    text = _fr_dump([_entry(1, "gloo:all_reduce", retired=True), _entry(2, "gloo:all_reduce"),
+                     _entry(3, created=1000.0)], last_completed=2)
+    pending = pending_from_fr(text, now=1012.5)
+    assert list(pending) == ["0"]
+    (op,) = pending["0"]
+    assert (op.seq, op.op, op.dtype, op.timeout_s) == (3, "gloo:all_gather", "Float", 60.0)
+    assert op.sizes == [[[4]], [[2, 4]]]
+    assert op.age_s == pytest.approx(12.5)
+    assert pending_from_fr("", 0.0) == {} and pending_from_fr("not json", 0.0) == {}
+
+
+class _FakePg:
+    def __init__(self) -> None:
+        self.seq = 5
+        self.group_name = "0"
+        self.group_desc = "default_pg"
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.seq
+
+    def size(self) -> int:
+        return 2
+
+
+def test_tracker_reads_fr_only_when_stalled_and_forgets_completed_ops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled group gets FR's pending ops with a growing age; an op that FR later
+    shows completed disappears even though seq never moves again (an idle rank)."""
+    from types import SimpleNamespace
+
+    from ddptop.reporter import collectives
+
+    pg = _FakePg()
+    c10d = SimpleNamespace(_world=SimpleNamespace(pg_map={pg: ("gloo", None)}, pg_names={pg: "0"}))
+    dumps = [_fr_dump([_entry(5, created=100.0)], last_completed=4)]
+    reads: list[int] = []
+
+    def fake_read() -> str:
+        reads.append(1)
+        return dumps[-1]
+
+    monkeypatch.setattr(collectives, "read_fr_json", fake_read)
+    tracker = collectives.CollectiveTracker(fr_after_s=2.0)
+    assert tracker.groups(c10d, 100.0)[0].pending == []
+    assert tracker.groups(c10d, 101.0)[0].pending == [] and reads == []  # not stalled yet
+    group = tracker.groups(c10d, 102.5)[0]
+    assert [op.seq for op in group.pending] == [5] and group.pending[0].age_s == pytest.approx(2.5)
+    assert group.timeout_s == 60.0 and tracker.backend == "gloo"
+    assert tracker.groups(c10d, 104.0)[0].pending[0].age_s == pytest.approx(4.0)
+    dumps.append(_fr_dump([_entry(5, created=100.0)], last_completed=5))  # it completed
+    assert tracker.groups(c10d, 105.0)[0].pending == []
+    pg.seq = 6  # seq moves: nothing is pending until it stalls again
+    assert tracker.groups(c10d, 106.0)[0].pending == []
+
+
+def test_read_fr_json_returns_text_not_bytes_repr() -> None:
+    """torch returns bytes; the reporter must hand on JSON text."""
+    torch = pytest.importorskip("torch")
+    from ddptop.reporter import collectives
+
+    if getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None) is None:
+        pytest.skip("this torch has no Flight Recorder JSON dump")
+    text = collectives.read_fr_json()
+    assert isinstance(text, str) and not text.startswith("b'")
+    import json
+
+    assert "entries" in json.loads(text) or "version" in json.loads(text)
