@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 
 PROTOCOL_VERSION = 1
+ENQUEUE_STRIDE = 8  # see CollectiveGroup.enqueue_times
 
 # Commands a viewer may send to a rank. A fixed, read-only set: nothing a viewer sends
 # can change the training process.
@@ -48,6 +49,10 @@ class CollectiveGroup(msgspec.Struct, kw_only=True):
     timeout_s: float | None = None
     pending: list[PendingOp] = []
     seq_changed_at: float = 0.0  # wall clock of the last observed seq advance
+    # (seq, wall clock the rank enqueued it) for seqs that are multiples of
+    # ENQUEUE_STRIDE: every rank reports the same seqs, so a viewer can see which rank
+    # enters each collective late (the straggler the others wait for).
+    enqueue_times: list[tuple[int, float]] = []
 
 
 class GpuInfo(msgspec.Struct, kw_only=True):

@@ -264,12 +264,6 @@ def test_dataloader_contention(job_runner: JobRunner) -> None:
     report("dataloader_contention", found_after_training_started=found_after)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ddptop cannot see a compute straggler yet: in synchronous DDP every rank's step interval is "
-    "the same and data-wait is ~0 everywhere (snapshot: step_time_s 0.175 s on all 3 ranks, "
-    "data_wait_fraction 0.0), so the straggler rule (step time ratio, data-wait gap) never fires; "
-    "it needs a per-rank time-in-collective (or compute) share from the reporter. "
-    "Remove this mark when it does (strict: an unexpected pass fails)."))
 def test_straggler(job_runner: JobRunner) -> None:
     """One rank persistently slower in compute: named as the straggler, not as input-bound."""
     job = job_runner.start("straggler", nproc=3, interval=INTERVAL,

@@ -219,10 +219,6 @@ def test_snapshot_with_an_unreachable_rank_prints_partial_results(job_runner: Jo
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "ddptop/client/collect.py + cli/snapshot.py: ranks found dead (record left, pid gone) are "
-    "returned as status 'lost' but not counted as unreachable, so snapshot exits 0 even when no "
-    "rank answered; needs `unreachable` (or a non-zero exit) for dead ranks"))
 def test_snapshot_after_sigkill_of_a_rank(job_runner: JobRunner) -> None:
     """SIGKILL one rank: snapshot never hangs, exits non-zero, and names what it knows."""
     job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "45"})

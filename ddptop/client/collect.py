@@ -97,8 +97,14 @@ def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 
 
     collected = per_rank(target, ask, token=token, timeout=timeout)
     states = [m.state for m in collected.answers.values() if isinstance(m, StateMsg)]
-    states += [last_words(e) for e in target.dead]
     unreachable = dict(collected.errors)
+    for endpoint in target.dead:
+        # A dead rank still shows what it left behind, but it did not answer.
+        state = last_words(endpoint)
+        states.append(state)
+        reason = f": {state.exit_reason}" if state.exit_reason else ""
+        unreachable[endpoint.rank] = (
+            f"rank {endpoint.rank}: process {endpoint.pid} is gone ({state.status}{reason})")
     for rank in target.missing_ranks:
         unreachable.setdefault(rank, f"rank {rank}: no record found (not started, or on another host)")
     return build_snapshot(target.job_id, target.world_size, states, unreachable, time.time())

@@ -26,6 +26,7 @@ class DiagnosisConfig:
     straggler_ratio: float = 1.3  # median step time vs the others' median
     straggler_min_diff_s: float = 0.05  # ... and at least this much slower per step
     straggler_wait_gap: float = 0.25  # data-wait share above the others' (absolute)
+    straggler_late_share: float = 0.2  # enters collectives this share of a step after the first
     input_bound_wait: float = 0.5  # data-wait share of each step
     input_bound_ready: float = 0.5  # median prefetched batches at or below this: queue empty
     # system

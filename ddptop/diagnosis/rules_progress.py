@@ -21,6 +21,7 @@ from ddptop.diagnosis.common import (
 )
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.lateness import entry_lateness
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 
@@ -85,15 +86,19 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
             continue
         stats[s.rank] = (median(x.step_time_s for x in samples),
                          median(x.data_wait_fraction for x in samples))
-    if len(stats) < 2:
+    late = entry_lateness(snapshot, {s.rank for s in active(snapshot)
+                                     if s.rank not in fresh and s.status == "running"})
+    if len(stats) < 2 and len(late) < 2:
         return []
+    late_sorted = sorted(v.median_s for v in late.values())
     out: list[Finding] = []
     steps_sorted = sorted(v[0] for v in stats.values() if v[0] is not None)
     waits_sorted = sorted(v[1] for v in stats.values() if v[1] is not None)
     progress = {s.rank: s.step for s in active(snapshot)}
     progress_sorted = sorted(float(v) for v in progress.values())
     by_rank = snapshot.by_rank()
-    for rank, (step, wait) in sorted(stats.items()):
+    for rank in sorted(set(stats) | set(late)):
+        step, wait = stats.get(rank, (None, None))
         o_step = median_without(steps_sorted, step) if step is not None else median(steps_sorted)
         o_wait = median_without(waits_sorted, wait) if wait is not None else median(waits_sorted)
         why: list[str] = []
@@ -104,6 +109,16 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
         if wait is not None and o_wait is not None and wait - o_wait >= config.straggler_wait_gap:
             why.append(f"waits for data {wait:.0%} of each step vs {o_wait:.0%} on the others "
                        f"(median over the last {config.window_s:.0f} s)")
+        entry = late.get(rank)
+        if entry is not None:
+            o_late = median_without(late_sorted, entry.median_s) or 0.0
+            step_s = step if step is not None else median(steps_sorted)
+            enough = max(config.straggler_min_diff_s, config.straggler_late_share * (step_s or 0.0))
+            if entry.median_s - o_late >= enough and entry.median_s >= 2 * o_late:
+                share = f" ({entry.median_s / step_s:.0%} of a {step_s:.3f} s step)" if step_s else ""
+                why.append(f"enters each collective {entry.median_s * 1000:.0f} ms after the first rank "
+                           f"(median over {entry.collectives} collectives, seq {entry.first_seq}-"
+                           f"{entry.last_seq}){share}; the others {o_late * 1000:.0f} ms")
         if not why:
             continue
         state = by_rank[rank]
@@ -117,7 +132,7 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
             evidence=why, remedy=_straggler_remedy(state),
         ))
     # Several "stragglers" at once are not one slow rank: keep the finding only when it is few.
-    return out if len(out) <= max(1, len(stats) // 4) else []
+    return out if len(out) <= max(1, max(len(stats), len(late)) // 4) else []
 
 
 def _straggler_remedy(state: RankState) -> str:

@@ -52,7 +52,8 @@ class Reporter:
         self.progress = progress
         self.stats = ReporterStats()
         self.history: deque[Sample] = deque(maxlen=config.history_len)
-        self.collectives = collectives.CollectiveTracker(fr_after_s=config.fr_after_s)
+        self.collectives = collectives.CollectiveTracker(
+            fr_after_s=config.fr_after_s, timing_every_s=config.fr_timing_every_s)
         self.system = SystemSampler()
         self.crash = CrashCapture(discovery.record_path(config.job_id, config.rank, "crash"))
         self.state = RankState(

@@ -17,10 +17,13 @@ import logging
 import time
 from typing import Any
 
-from ddptop.protocol import CollectiveGroup, PendingOp
+from ddptop.protocol import ENQUEUE_STRIDE, CollectiveGroup, PendingOp
 
 log = logging.getLogger(__name__)
 
+ENQUEUE_TIMES_KEPT = 64  # milestones per group sent to viewers (~1 KB)
+# Seqs the default group must advance before the first timing read (enough milestones).
+FIRST_TIMING_AFTER_SEQS = 8 * ENQUEUE_STRIDE
 # Minimum spacing of Flight Recorder reads while a group is stalled (a dump of 2000
 # entries costs milliseconds, so once per sample at most).
 FR_REFRESH_S = 0.9
@@ -29,11 +32,16 @@ FR_REFRESH_S = 0.9
 class CollectiveTracker:
     """Remembers when each group's seq last moved, and reads FR when it stalls."""
 
-    def __init__(self, fr_after_s: float = 2.0) -> None:
+    def __init__(self, fr_after_s: float = 2.0, timing_every_s: float = 30.0) -> None:
         self.fr_after_s = fr_after_s
+        # A full FR dump costs tens of ms with the GIL held: timing reads are rare (and
+        # each one carries the enqueue times of up to 2000 past collectives).
+        self.timing_every_s = timing_every_s
         self._last_seq: dict[str, tuple[int, float]] = {}
         self._pending: dict[str, list[PendingOp]] = {}
         self._last_fr_read = 0.0
+        self._last_timing_read = 0.0
+        self._milestones: dict[str, dict[int, float]] = {}
         self.backend = ""
 
     def groups(self, c10d: Any, now: float) -> list[CollectiveGroup]:
@@ -69,14 +77,21 @@ class CollectiveTracker:
                     seq_changed_at=changed_at,
                 )
             )
+        read_pending = stalled and now - self._last_fr_read >= FR_REFRESH_S
+        read_timing = self._timing_due(groups, now)
         if not stalled:
             self._pending = {}
-        elif now - self._last_fr_read >= FR_REFRESH_S:
+        if read_pending or read_timing:
             # Re-read on every stalled sample (rate-limited): an op seen pending once may
             # complete while the rank then idles without a new collective, and a cached
             # list would keep reporting it with an ever-growing age.
-            self._last_fr_read = now
-            self._pending = pending_from_fr(read_fr_json(), now)
+            data = parse_fr(read_fr_json())
+            if read_pending:
+                self._last_fr_read = now
+                self._pending = pending_from_parsed(data, now)
+            if read_timing:
+                self._last_timing_read = now
+            self._remember_milestones(data)
         for group in groups:
             pending = self._pending.get(group.pg, [])
             # Only ops at or beyond the group's seq can be pending: an op the seq moved
@@ -87,7 +102,26 @@ class CollectiveTracker:
                     op.age_s = max(0.0, now - op.started_at)
             if group.pending and group.pending[0].timeout_s is not None:
                 group.timeout_s = group.pending[0].timeout_s
+            marks = self._milestones.get(group.pg)
+            if marks:
+                group.enqueue_times = sorted(marks.items())[-ENQUEUE_TIMES_KEPT:]
         return groups
+
+    def _timing_due(self, groups: list[CollectiveGroup], now: float) -> bool:
+        if self.timing_every_s <= 0 or not groups:
+            return False
+        default = next((g for g in groups if g.pg == "0"), groups[0])
+        if not self._last_timing_read:
+            return default.seq >= FIRST_TIMING_AFTER_SEQS
+        return now - self._last_timing_read >= self.timing_every_s
+
+    def _remember_milestones(self, data: dict[str, Any]) -> None:
+        for name, marks in enqueue_milestones(data).items():
+            kept = self._milestones.setdefault(name, {})
+            kept.update(marks)
+            if len(kept) > ENQUEUE_TIMES_KEPT:
+                for seq in sorted(kept)[:-ENQUEUE_TIMES_KEPT]:
+                    del kept[seq]
 
 
 def _group_id(pg: Any, names: dict[Any, str]) -> str:
@@ -113,14 +147,41 @@ def read_fr_json() -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
 
 
-def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:
-    """Parse an FR JSON dump into pending ops per group name, oldest first."""
+def parse_fr(text: str) -> dict[str, Any]:
+    """An FR JSON dump as a dict ({} when empty or unreadable)."""
     if not text:
         return {}
     try:
         data = json.loads(text)
     except ValueError:
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _group_name(entry: dict[str, Any]) -> str:
+    group = entry.get("process_group") or [str(entry.get("pg_id", ""))]
+    return str(group[0]) if group else str(entry.get("pg_id", ""))
+
+
+def enqueue_milestones(data: dict[str, Any], stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
+    """Wall-clock enqueue time of every collective whose seq is a multiple of *stride*."""
+    out: dict[str, dict[int, float]] = {}
+    for entry in data.get("entries", []) or []:
+        seq = int(entry.get("collective_seq_id", 0))
+        created = float(entry.get("time_created_ns", 0)) / 1e9
+        if entry.get("is_p2p") or seq <= 0 or seq % stride or not created:
+            continue
+        out.setdefault(_group_name(entry), {})[seq] = created
+    return out
+
+
+def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:
+    """Parse an FR JSON dump into pending ops per group name, oldest first."""
+    return pending_from_parsed(parse_fr(text), now)
+
+
+def pending_from_parsed(data: dict[str, Any], now: float) -> dict[str, list[PendingOp]]:
+    """Pending ops per group name, oldest first, from a parsed FR dump."""
     status = data.get("pg_status", {}) or {}
     completed: dict[str, int] = {}
     for pg_id, st in status.items():
@@ -136,8 +197,7 @@ def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:
         pg_id = str(entry.get("pg_id", ""))
         if seq <= completed.get(pg_id, -1):
             continue
-        group = entry.get("process_group") or [pg_id]
-        name = str(group[0]) if group else pg_id
+        name = _group_name(entry)
         created = float(entry.get("time_created_ns", 0)) / 1e9
         timeout_ms = entry.get("timeout_ms")
         dtypes = entry.get("input_dtypes") or []

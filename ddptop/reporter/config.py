@@ -8,6 +8,8 @@
 | DDPTOP_INTERVAL | 1.0 | sampling interval in seconds |
 | DDPTOP_HISTORY | 600 | samples kept in the ring buffer (10 min at 1 Hz) |
 | DDPTOP_JOB_ID | | job id (set by ``ddptop launch``; else torchrun's run id) |
+| DDPTOP_FR_AFTER | 2.0 | seconds of a still seq before FR is read for pending ops |
+| DDPTOP_FR_TIMING | 30 | seconds between FR reads of enqueue times (stragglers; 0: off) |
 | DDPTOP_DISABLE | | set to 1 to turn the reporter off |
 """
 
@@ -36,6 +38,7 @@ class ReporterConfig:
     interval_s: float = 1.0
     history_len: int = 600
     fr_after_s: float = 2.0
+    fr_timing_every_s: float = 30.0
     store_timeout_s: float = 5.0
 
 
@@ -71,4 +74,5 @@ def config_from_env(env: dict[str, str] | None = None) -> ReporterConfig:
         interval_s=max(0.05, _float(env, "DDPTOP_INTERVAL", 1.0)),
         history_len=max(10, int(_float(env, "DDPTOP_HISTORY", 600))),
         fr_after_s=_float(env, "DDPTOP_FR_AFTER", 2.0),
+        fr_timing_every_s=_float(env, "DDPTOP_FR_TIMING", 30.0),
     )
