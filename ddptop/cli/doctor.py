@@ -26,13 +26,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ddptop import auth
-from ddptop.cli.format import human_duration, rank_ranges
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
 from ddptop.errors import DdptopError, FindingsPresent, UsageError
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, RecordEntry, StateMsg
+from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ddptop import discovery
-from ddptop.cli.format import human_duration, rank_ranges
+from ddptop.textfmt import human_duration, rank_ranges
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ddptop import auth
-from ddptop.cli.format import human_bytes, human_duration, percent
 from ddptop.client.collect import take_snapshot
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
 from ddptop.model.snapshot import JobSnapshot
+from ddptop.textfmt import human_bytes, human_duration, percent
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

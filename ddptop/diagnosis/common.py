@@ -7,10 +7,10 @@ import logging
 import statistics
 from collections.abc import Iterable, Sequence
 
-from ddptop.cli.format import human_duration, rank_ranges
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import CollectiveGroup, PendingOp, RankState, Sample
+from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 
-from ddptop.cli.format import human_bytes
 from ddptop.diagnosis.common import active, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
+from ddptop.textfmt import human_bytes
 
 log = logging.getLogger(__name__)
 

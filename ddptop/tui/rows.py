@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddptop.cli.format import human_bytes, human_duration, rank_ranges
 from ddptop.model.job import JobModel, RankView
+from ddptop.textfmt import human_bytes, human_duration, rank_ranges
 from ddptop.tui.desync import default_group_seq, desync_marks, oldest_pending
 
 log = logging.getLogger(__name__)

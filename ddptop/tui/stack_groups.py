@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ddptop.cli.format import rank_ranges
 from ddptop.protocol import FrameStack, StacksMsg, ThreadStack
+from ddptop.textfmt import rank_ranges
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ddptop.cli.format import human_bytes, human_duration, percent
 from ddptop.model.job import RankView
+from ddptop.textfmt import human_bytes, human_duration, percent
 from ddptop.tui.stack_groups import main_thread
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ddptop.cli.format import rank_ranges
 from ddptop.source import JobSource, StacksResult
+from ddptop.textfmt import rank_ranges
 from ddptop.tui.stack_groups import group_stacks, render_groups
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import logging
 from rich.text import Text
 from textual.widgets import Static
 
-from ddptop.cli.format import rank_ranges
 from ddptop.diagnosis.finding import Finding
+from ddptop.textfmt import rank_ranges
 
 log = logging.getLogger(__name__)
 

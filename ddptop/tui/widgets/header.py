@@ -7,9 +7,9 @@ import logging
 from rich.text import Text
 from textual.widgets import Static
 
-from ddptop.cli.format import human_duration, rank_ranges
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
+from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
 

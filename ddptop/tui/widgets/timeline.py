@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Static
 
-from ddptop.cli.format import human_duration
+from ddptop.textfmt import human_duration
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Plain-text formatting shared by the CLI verbs (bytes, durations, rank lists)."""
+"""Plain-text formatting shared by the CLI, the dashboard and the diagnosis (bytes, durations, rank lists)."""
 
 from __future__ import annotations
 
