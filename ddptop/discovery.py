@@ -78,9 +78,12 @@ def record_path(job_id: str, rank: int, suffix: str = "json") -> Path:
     return runtime_dir() / f"{job_id}.{rank}.{suffix}"
 
 
-def write_record(endpoint: Endpoint) -> Path:
-    """Atomically write *endpoint*'s discovery record; return its path."""
-    path = record_path(endpoint.job_id, endpoint.rank)
+def write_record(endpoint: Endpoint, directory: Path | None = None) -> Path:
+    """Atomically write *endpoint*'s discovery record (into *directory*, else the runtime dir)."""
+    if directory is None:
+        path = record_path(endpoint.job_id, endpoint.rank)
+    else:
+        path = directory / f"{endpoint.job_id}.{endpoint.rank}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:

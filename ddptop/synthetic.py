@@ -2,9 +2,10 @@
 
 ``python -m ddptop.synthetic --ranks 1024 --job-id demo`` opens one listener per rank on
 127.0.0.1 with a discovery record each, so ``ddptop snapshot demo`` and ``ddptop attach
-demo`` find it like a torchrun job. One selector thread serves every rank. Every value is
-a pure function of (seed, rank, tick), so runs are reproducible and a rank's history can
-be recomputed instead of stored (4096 rings of 600 samples would cost ~700 MB).
+demo`` find it like a torchrun job. Each rank is a real ``ReporterServer`` (the rank's own
+handshake, auth and output cap); one thread drives them all on one shared ``ServerLoop``.
+Every value is a pure function of (seed, rank, tick), so runs are reproducible and a rank's
+history is recomputed instead of stored (4096 rings of 600 samples would cost ~700 MB).
 
 Scenarios: ``healthy``; ``desync`` (one rank has another batches_per_epoch and, after
 ``desync_after_s``, sits in an all_gather while its peers wait in all_reduce at the same
@@ -22,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 
@@ -30,13 +32,8 @@ from ddptop import protocol as proto
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError, UsageError
 from ddptop.protocol import Message, RankState, Request, Sample
-from ddptop.synthetic_server import (
-    MultiRankServer,
-    SyntheticProcess,
-    ensure_fd_limit,
-    run_in_subprocess,
-    write_record_in,
-)
+from ddptop.reporter.server import ReporterServer, ServerLoop
+from ddptop.synthetic_process import SyntheticProcess, ensure_fd_limit, run_in_subprocess
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +45,7 @@ HISTORY_LEN = 600  # samples a rank keeps, like the reporter's ring
 BUCKETS = 3  # DDP all_reduce buckets per step: seq advances this much per step
 BATCHES_PER_EPOCH = 240
 GIB = 1 << 30
+VIEWER_OUTPUT_CAP = 2 * 1024 * 1024  # thousands of ranks in one process: a rank's 8 MiB each adds up
 _MASK = (1 << 64) - 1
 _TORCH = "/opt/conda/lib/python3.11/site-packages/torch/"
 _TRAIN = "/workspace/train.py"
@@ -247,14 +245,15 @@ class SyntheticJob:
             raise UsageError(f"need ranks >= 1, interval > 0 and a scenario in {', '.join(SCENARIOS)}")
         self.n_ranks, self.job_id, self.scenario, self.interval_s = n_ranks, job_id, scenario, interval_s
         self._dir = Path(runtime_dir) if runtime_dir is not None else None
-        self._opts = dict(seed=seed, fake_gpu=fake_gpu, steps_per_s=steps_per_s,
-                          desync_after_s=desync_after_s)
+        self._make_fake = partial(FakeRanks, n_ranks, job_id, scenario, interval_s, seed=seed,
+                                  fake_gpu=fake_gpu, steps_per_s=steps_per_s,
+                                  desync_after_s=desync_after_s)
         self.lost_after_s, self._token, self._viewers = lost_after_s, token, viewers
         self.fake: FakeRanks | None = None
         self.endpoints: list[Endpoint] = []
-        self._server: MultiRankServer | None = None
+        self._loop: ServerLoop | None = None
+        self._servers: dict[int, ReporterServer] = {}  # open listeners: a lost rank's is gone
         self._ticks = [0] * n_ranks
-        self._lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -274,17 +273,18 @@ class SyntheticJob:
         # A listener and its viewer's connection per rank, plus one viewer per rank in this process.
         ensure_fd_limit((1 + 2 * self._viewers) * self.n_ranks + 64)
         t0 = time.time()
-        self.fake = FakeRanks(self.n_ranks, self.job_id, self.scenario, self.interval_s, t0,
-                              **self._opts)  # type: ignore[arg-type]
-        self._server = MultiRankServer(self.job_id, self._handle, token=self._token)
+        self.fake = self._make_fake(t0=t0)
+        self._loop = ServerLoop(wakeable=True)
         directory = self.runtime_dir
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             for rank in range(self.n_ranks):
-                port = self._server.add_rank(rank)
-                endpoint = Endpoint(job_id=self.job_id, rank=rank, world_size=self.n_ranks, host="127.0.0.1",
-                                    port=port, pid=os.getpid(), start_time=t0, node=f"synth{rank // 8:04d}")
-                write_record_in(directory, endpoint)
+                self._servers[rank] = server = ReporterServer(
+                    "127.0.0.1", 0, self._token, rank, self.job_id, partial(self._handle, rank),
+                    loop=self._loop, max_output=VIEWER_OUTPUT_CAP)
+                endpoint = Endpoint(self.job_id, rank, self.n_ranks, "127.0.0.1", server.port, os.getpid(),
+                                    start_time=t0, node=f"synth{rank // 8:04d}")
+                discovery.write_record(endpoint, directory)
                 self.endpoints.append(endpoint)
         except BaseException:
             self.stop()
@@ -296,14 +296,16 @@ class SyntheticJob:
     def stop(self) -> None:
         """Stop serving, close every socket and remove the discovery records (idempotent)."""
         self._stop.set()
-        if self._server is not None:
-            self._server.wake()
+        if self._loop is not None:
+            self._loop.wake()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        for server in self._servers.values():
+            server.close()
+        if self._loop is not None:
+            self._loop.close()
+        self._servers, self._loop = {}, None
         for endpoint in self.endpoints:
             (self.runtime_dir / f"{endpoint.job_id}.{endpoint.rank}.json").unlink(missing_ok=True)
         self.endpoints = []
@@ -316,24 +318,23 @@ class SyntheticJob:
         self.stop()
 
     def _handle(self, rank: int, request: Request) -> Message:
-        assert self.fake is not None and self._server is not None
-        tick = self._ticks[rank]
-        if request.command in ("state", "subscribe"):
-            state = self.fake.state(rank, tick, self._server.subscribers(rank))
-            return proto.StateMsg(state=state, id=request.id)
-        if request.command == "history":
-            return proto.HistoryMsg(rank=rank, samples=self.fake.history(rank, tick), id=request.id)
-        if request.command == "stacks":
-            threads = self.fake.stacks(rank, tick)
-            return proto.StacksMsg(rank=rank, time=time.time(), threads=threads, id=request.id)
-        if request.command == "fr_trace":
-            text = self.fake.fr_json(rank, tick)
-            return proto.FrTraceMsg(rank=rank, time=time.time(), json=text, id=request.id)
-        return proto.ErrorMsg(reason=f"unsupported request {request.command!r}", id=request.id)
+        fake, tick, ident, command = self.fake, self._ticks[rank], request.id, request.command
+        assert fake is not None
+        if command in ("state", "subscribe"):
+            server = self._servers.get(rank)
+            return proto.StateMsg(state=fake.state(rank, tick, server.subscribers if server else 0), id=ident)
+        if command == "history":
+            return proto.HistoryMsg(rank=rank, samples=fake.history(rank, tick), id=ident)
+        if command == "stacks":
+            return proto.StacksMsg(rank=rank, time=time.time(), threads=fake.stacks(rank, tick), id=ident)
+        if command == "fr_trace":
+            return proto.FrTraceMsg(rank=rank, time=time.time(), json=fake.fr_json(rank, tick), id=ident)
+        return proto.ErrorMsg(reason=f"unsupported request {command!r}", id=ident)
 
     def _run(self) -> None:
-        fake, server, n = self.fake, self._server, self.n_ranks
-        assert fake is not None and server is not None
+        fake, loop, n = self.fake, self._loop, self.n_ranks
+        assert fake is not None and loop is not None
+        lost = False
         slot = 0  # global sample index: tick * n + rank, published in due-time order
         while not self._stop.is_set():
             try:
@@ -343,16 +344,17 @@ class SyntheticJob:
                 while fake.due(slot % n, slot // n) <= now and not self._stop.is_set():
                     tick, rank = divmod(slot, n)
                     slot += 1
-                    if self._lost and rank == fake.odd_rank:
+                    server = self._servers.get(rank)
+                    if server is None:  # lost
                         continue
                     self._ticks[rank] = tick
-                    state = fake.state(rank, tick, server.subscribers(rank))
-                    server.publish(rank, proto.StateMsg(state=state))
-                if self.scenario == "lost" and not self._lost and now >= fake.t0 + self.lost_after_s:
-                    self._lost = True
-                    server.close_rank(fake.odd_rank)
+                    if server.subscribers:  # nobody listening: skip building the state
+                        server.broadcast(proto.StateMsg(state=fake.state(rank, tick, server.subscribers)))
+                if self.scenario == "lost" and not lost and now >= fake.t0 + self.lost_after_s:
+                    lost = True
+                    self._servers.pop(fake.odd_rank).close()
                     log.info("synthetic job %s: rank %d lost", self.job_id, fake.odd_rank)
-                server.poll(min(0.2, max(0.0, fake.due(slot % n, slot // n) - time.time())))
+                loop.poll(min(0.2, max(0.0, fake.due(slot % n, slot // n) - time.time())))
             except Exception as exc:  # keep serving: a test must see the failure, not a dead generator
                 log.exception("synthetic job %s: %s", self.job_id, exc)
                 self._stop.wait(0.05)

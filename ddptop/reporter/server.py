@@ -6,6 +6,10 @@ read-only ``Request`` commands. Sockets are non-blocking and each client's outpu
 capped: a viewer too slow to read loses state frames (counted as dropped), it never
 stalls the rank. A peer that sends garbage, an oversized frame or a wrong version is
 dropped with one log line; nobody else is affected.
+
+A ``ServerLoop`` (one selector) drives any number of servers: a rank's server makes its
+own, the synthetic job (``ddptop.synthetic``) shares one among thousands of fake ranks,
+so the protocol, auth and output cap exist only here.
 """
 
 from __future__ import annotations
@@ -39,8 +43,63 @@ MAX_CLIENTS = 64
 Handler = Callable[[Request], Message]
 
 
+class ServerLoop:
+    """One selector driving the listeners and viewers of any number of :class:`ReporterServer`.
+
+    A rank owns one server and lets it make a private loop; the synthetic job puts thousands
+    of servers on one loop, since a selector per rank (an epoll fd and a poll call each)
+    does not scale to 4096 ranks in one thread.
+    """
+
+    def __init__(self, wakeable: bool = False) -> None:
+        self.selector = selectors.DefaultSelector()
+        # Only a loop polled by another thread needs waking; a rank does not pay for the pair.
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        if wakeable:
+            self._wake = socket.socketpair()
+            self._wake[0].setblocking(False)
+            self.selector.register(self._wake[0], selectors.EVENT_READ, None)
+
+    def poll(self, timeout: float) -> None:
+        """Serve every registered socket for up to *timeout* seconds."""
+        for key, events in self.selector.select(timeout):
+            owner = key.data
+            if isinstance(owner, _Client):
+                owner.server._serve(owner, events)
+            elif isinstance(owner, ReporterServer):
+                owner._accept()
+            elif self._wake is not None:
+                try:
+                    self._wake[0].recv(4096)
+                except OSError:
+                    pass
+
+    def wake(self) -> None:
+        """Interrupt a :meth:`poll` running in another thread (needs ``wakeable=True``)."""
+        if self._wake is not None:
+            try:
+                self._wake[1].send(b"x")
+            except OSError:
+                pass
+
+    def unregister(self, sock: socket.socket) -> None:
+        """Forget *sock* (already forgotten or closed is fine)."""
+        try:
+            self.selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """Close the wake pair and the selector (the servers close their own sockets)."""
+        for sock in self._wake or ():
+            self.unregister(sock)
+            sock.close()
+        self.selector.close()
+
+
 @dataclass(eq=False)
 class _Client:
+    server: ReporterServer
     sock: socket.socket
     addr: str
     inbuf: FrameBuffer = field(default_factory=lambda: FrameBuffer(limit=MAX_REQUEST_BYTES))
@@ -48,26 +107,39 @@ class _Client:
     nonce: str = ""
     authed: bool = False
     subscribed: bool = False
+    writing: bool = False  # registered for EVENT_WRITE
 
 
 class ReporterServer:
-    """Accepts viewers and answers their requests through *handler*."""
+    """Accepts viewers of one rank and answers their requests through *handler*.
+
+    Without *loop* the server makes and owns a private :class:`ServerLoop`; with one, many
+    servers share it and whoever drives the loop serves them all. *max_output* overrides
+    the per-viewer output cap.
+    """
 
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
-                 handler: Handler) -> None:
-        self._sel = selectors.DefaultSelector()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((host, port))
-        self._listener.listen(16)
-        self._listener.setblocking(False)
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
+                 handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None) -> None:
+        self._owns_loop = loop is None
+        self._loop = loop if loop is not None else ServerLoop()
+        self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, port))
+            self._listener.listen(16)
+            self._listener.setblocking(False)
+        except OSError:
+            self._listener.close()
+            if self._owns_loop:
+                self._loop.close()
+            raise
+        self._loop.selector.register(self._listener, selectors.EVENT_READ, self)
         self.port = int(self._listener.getsockname()[1])
         self._token = token
         self._rank = rank
         self._job_id = job_id
         self._handler = handler
+        self._max_output = max_output
         self._clients: set[_Client] = set()
         self.dropped_frames = 0
         self.rejected_peers = 0
@@ -83,19 +155,11 @@ class ReporterServer:
         return sum(1 for c in self._clients if c.subscribed)
 
     def poll(self, timeout: float) -> None:
-        """Serve sockets for up to *timeout* seconds."""
-        for key, events in self._sel.select(timeout):
-            if key.data is None:
-                self._accept()
-                continue
-            client: _Client = key.data
-            if events & selectors.EVENT_READ:
-                self._read(client)
-            if events & selectors.EVENT_WRITE and client in self._clients:
-                self._flush(client)
+        """Serve sockets (of every server on this server's loop) for up to *timeout* seconds."""
+        self._loop.poll(timeout)
 
     def broadcast(self, message: Message) -> None:
-        """Queue *message* for every subscribed, authenticated viewer."""
+        """Queue *message* (encoded once) for every subscribed, authenticated viewer."""
         if not any(c.subscribed for c in self._clients):
             return
         frame = encode_frame(message)
@@ -104,31 +168,29 @@ class ReporterServer:
                 self._send(client, frame, droppable=True)
 
     def close(self) -> None:
-        """Close every socket."""
+        """Close this server's sockets (and its loop, if it made it)."""
         for client in list(self._clients):
             self._drop(client, None)
-        try:
-            self._sel.unregister(self._listener)
-        except (KeyError, ValueError):
-            pass
+        self._loop.unregister(self._listener)
         self._listener.close()
-        self._sel.close()
+        if self._owns_loop:
+            self._loop.close()
 
     # ---------------------------------------------------------------- internals
 
     def _accept(self) -> None:
         try:
             sock, addr = self._listener.accept()
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
         if len(self._clients) >= MAX_CLIENTS:
             sock.close()
             self.rejected_peers += 1
             return
         sock.setblocking(False)
-        client = _Client(sock=sock, addr=f"{addr[0]}:{addr[1]}")
+        client = _Client(server=self, sock=sock, addr=f"{addr[0]}:{addr[1]}")
         self._clients.add(client)
-        self._sel.register(sock, selectors.EVENT_READ, client)
+        self._loop.selector.register(sock, selectors.EVENT_READ, client)
         hello = Hello(protocol=PROTOCOL_VERSION, role="rank", rank=self._rank, job_id=self._job_id)
         if self._token:
             client.nonce = auth.new_nonce()
@@ -136,6 +198,12 @@ class ReporterServer:
         else:
             client.authed = True
         self._send(client, header_bytes() + encode_frame(hello), droppable=False)
+
+    def _serve(self, client: _Client, events: int) -> None:
+        if events & selectors.EVENT_READ:
+            self._read(client)
+        if events & selectors.EVENT_WRITE and client in self._clients:
+            self._flush(client)
 
     def _read(self, client: _Client) -> None:
         try:
@@ -174,8 +242,9 @@ class ReporterServer:
             return
         if not isinstance(message, Request) or message.command not in COMMANDS:
             what = message.command if isinstance(message, Request) else type(message).__name__
-            self._send(client, encode_frame(ErrorMsg(reason=f"unsupported request {what!r}")),
-                       droppable=False)
+            # The request's id lets a viewer match the refusal to what it asked.
+            self._send(client, encode_frame(ErrorMsg(reason=f"unsupported request {what!r}",
+                                                     id=getattr(message, "id", 0))), droppable=False)
             return
         if message.command == "subscribe":
             client.subscribed = True
@@ -194,7 +263,8 @@ class ReporterServer:
         self._send(client, frame, droppable=False)
 
     def _send(self, client: _Client, frame: bytes, droppable: bool) -> None:
-        if droppable and len(client.out) + len(frame) > MAX_CLIENT_OUTPUT:
+        cap = self._max_output if self._max_output is not None else MAX_CLIENT_OUTPUT
+        if droppable and len(client.out) + len(frame) > cap:
             self.dropped_frames += 1
             return
         client.out += frame
@@ -210,9 +280,13 @@ class ReporterServer:
                 self._drop(client, f"write error: {exc}")
                 return
             del client.out[:sent]
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        want = bool(client.out)
+        if want == client.writing:
+            return  # saves an epoll_ctl per frame: the common case, thousands of frames/s in synthetic
+        client.writing = want
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
         try:
-            self._sel.modify(client.sock, events, client)
+            self._loop.selector.modify(client.sock, events, client)
         except (KeyError, ValueError):
             pass
 
@@ -220,8 +294,5 @@ class ReporterServer:
         if reason:
             log.warning("ddptop rank %s: dropped viewer %s: %s", self._rank, client.addr, reason)
         self._clients.discard(client)
-        try:
-            self._sel.unregister(client.sock)
-        except (KeyError, ValueError):
-            pass
+        self._loop.unregister(client.sock)
         client.sock.close()

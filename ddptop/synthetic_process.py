@@ -1,0 +1,103 @@
+"""Process plumbing of the synthetic job: the RLIMIT_NOFILE check and the generator subprocess.
+
+``run_in_subprocess`` starts ``python -m ddptop.synthetic`` in its own session and returns
+once the generator printed its ``ready`` banner (every discovery record is written by then);
+``SyntheticProcess.stop`` kills the whole process group and reaps it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from ddptop import discovery
+from ddptop.errors import DdptopError, UsageError
+
+
+def ensure_fd_limit(needed: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to cover *needed* fds; UsageError if the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return int(soft)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise UsageError(f"this needs about {needed} open files but the hard limit is {hard} "
+                         "(`ulimit -Hn`); use fewer ranks or raise the limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else needed, hard))
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+class SyntheticProcess:
+    """A generator running in its own process group; :meth:`stop` kills the whole group."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], banner: str) -> None:
+        self.proc, self.banner = proc, banner
+
+    @property
+    def pid(self) -> int:
+        """The generator's pid (also the pid in its discovery records)."""
+        return self.proc.pid
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it if it lingers; always reaps."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                continue
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=timeout)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> SyntheticProcess:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def run_in_subprocess(n_ranks: int, job_id: str, scenario: str = "healthy", interval_s: float = 1.0,
+                      runtime_dir: str | Path | None = None, *, seed: int = 0,
+                      extra_args: tuple[str, ...] = (), ready_timeout: float = 120.0) -> SyntheticProcess:
+    """Start ``python -m ddptop.synthetic`` in a new session; return once every record is written."""
+    env = dict(os.environ)
+    if runtime_dir is not None:
+        env[discovery.RUNTIME_ENV] = str(runtime_dir)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "ddptop.synthetic", "--ranks", str(n_ranks), "--job-id", job_id,
+           "--scenario", scenario, "--interval", str(interval_s), "--seed", str(seed), *extra_args]
+    errors = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child's stderr
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=errors, start_new_session=True)
+    handle = SyntheticProcess(proc, "")
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if sel.select(min(0.5, max(0.0, deadline - time.monotonic()))):
+                handle.banner = proc.stdout.readline().decode().strip()
+                break
+    if not handle.banner.startswith("ready"):
+        handle.stop()
+        errors.seek(0)
+        tail = errors.read().decode(errors="replace")[-2000:]
+        errors.close()
+        raise DdptopError(f"synthetic job {job_id} did not start within {ready_timeout:g} s: {tail}")
+    errors.close()
+    return handle
