@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def setup(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
@@ -41,6 +42,21 @@ def small_model(width: int = 64, classes: int = 10) -> nn.Module:
     """A small MLP: enough parameters for DDP buckets, fast on one CPU core."""
     return nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, classes))
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
+    """*model* on *device* in DDP (device_ids only on GPUs, as DDP requires)."""
+    return DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               device: torch.device) -> torch.Tensor:
+    """One DDP step; backward() is where DDP's bucketed all-reduces run."""
+    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
 
 
 def step_sleep() -> float:

@@ -32,8 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, stop_together
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, stop_together, train_step, wrap_ddp
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
@@ -70,14 +69,11 @@ def main() -> None:
     sampler = DistributedSampler(data, seed=0)
     loader = DataLoader(data, batch_size=16, sampler=sampler, num_workers=workers,
                         prefetch_factor=prefetch, persistent_workers=False)
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = deadline()
     for x, y in loader:  # one long epoch: the deadline, not the data, ends the run
-        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x, y, device)
         if stop_together(end, device):
             break
     dist.barrier()

@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep, stop_together
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, step_sleep, stop_together, wrap_ddp
 
 
 def main() -> None:
@@ -50,7 +49,7 @@ def main() -> None:
           flush=True)
     dist.all_reduce(samples)  # peers wait here until the process-group timeout
     # Only reached when every rank joined (PROBE_STALL_RANK=-1): a short normal run.
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     while not stop_together(end, device):
         loss = model(torch.randn(16, 32, device=device)).square().mean()

@@ -15,8 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep, stop_together
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, step_sleep, stop_together, train_step, wrap_ddp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -27,7 +26,7 @@ def main() -> None:
     sampler = DistributedSampler(data, seed=0)
     loader = DataLoader(data, batch_size=16, sampler=sampler,
                         num_workers=int(os.environ.get("PROBE_WORKERS", "0")))
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = deadline()
     epochs = int(os.environ.get("PROBE_EPOCHS", "1000"))
@@ -36,10 +35,7 @@ def main() -> None:
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            train_step(model, opt, x, y, device)
             time.sleep(pause)
             # Decided together: a rank that stopped on its own clock would leave its peers
             # in an all-reduce it never joins.

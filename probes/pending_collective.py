@@ -17,8 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, step_sleep, train_step, wrap_ddp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -30,17 +29,14 @@ def main() -> None:
     data = TensorDataset(torch.randn(512, 32), torch.randint(0, 10, (512,)))
     sampler = DistributedSampler(data, seed=0)
     loader = DataLoader(data, batch_size=8, sampler=sampler)
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     steps = int(os.environ.get("PROBE_STEPS", "5"))
     pause = step_sleep()
     for i, (x, y) in enumerate(loader):
         if i >= steps:
             break
-        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x, y, device)
         time.sleep(pause)
     print(f"rank {rank}: trained {steps} steps, idling", flush=True)
     time.sleep(float(os.environ.get("PROBE_IDLE_S", "0")))

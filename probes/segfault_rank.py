@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep, stop_together
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, step_sleep, stop_together, train_step, wrap_ddp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -46,7 +45,7 @@ def main() -> None:
     data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 10, (4096,)))
     sampler = DistributedSampler(data, seed=0)
     loader = DataLoader(data, batch_size=16, sampler=sampler)
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = deadline()
     pause = step_sleep()
@@ -56,10 +55,7 @@ def main() -> None:
     while not stop:
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            train_step(model, opt, x, y, device)
             step += 1
             if rank == crash_rank and step == crash_after:
                 print(f"rank {rank}: step {step}: reading address 0 (SIGSEGV) at t={time.time():.3f}",

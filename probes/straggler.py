@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep, stop_together
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, step_sleep, stop_together, wrap_ddp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -41,7 +40,7 @@ def main() -> None:
     data = TensorDataset(torch.randn(8192, 32), torch.randint(0, 10, (8192,)))
     sampler = DistributedSampler(data, seed=0)
     loader = DataLoader(data, batch_size=16, sampler=sampler)
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = deadline()
     pause = step_sleep()

@@ -39,8 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep, stop_together
-from torch.nn.parallel import DistributedDataParallel as DDP
+from common import deadline, setup, small_model, step_sleep, stop_together, train_step, wrap_ddp
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 DOCS = 200
@@ -89,7 +88,7 @@ def main() -> None:
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     print(f"rank {rank}: {blocks} blocks, {len(loader)} batches per epoch "
           f"(expected {math.ceil(math.ceil(blocks / world) / BATCH)})", flush=True)
-    model = DDP(small_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = wrap_ddp(small_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     end = deadline()
     pause = step_sleep()
@@ -98,10 +97,7 @@ def main() -> None:
     while not stop:
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-            opt.zero_grad()
-            loss.backward()  # DDP's all-reduce: the collective the longer ranks sit in
-            opt.step()
+            train_step(model, opt, x, y, device)  # DDP's all-reduce: the collective the longer ranks sit in
             time.sleep(pause)
             stop = stop_together(end, device)  # every rank stops after the same step
             if stop:
