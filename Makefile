@@ -24,7 +24,6 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ddptop tests bench probes
-	$(BIN)/ruff format --check ddptop tests bench probes || true
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
