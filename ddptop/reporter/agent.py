@@ -231,6 +231,12 @@ class Reporter:
             if device_ids:
                 first = device_ids[0]
                 self.system.device_hint = first if isinstance(first, int) else getattr(first, "index", None)
+            else:
+                # The wrapped module's parameters sit on the rank's device.
+                param = next(iter(module.parameters()), None)
+                device = getattr(param, "device", None)
+                if device is not None and device.type == "cuda" and device.index is not None:
+                    self.system.device_hint = int(device.index)
         except Exception as exc:
             self._count_error(exc)
 

@@ -172,37 +172,42 @@ def _patch_dataloader() -> list[str]:
 
 
 def _patch_wrappers() -> list[str]:
-    """Fingerprint the module a DDP (or FSDP) wrapper receives, before it verifies it."""
-    patched: list[str] = []
+    """Fingerprint the module a DDP (or FSDP) wrapper receives, before it verifies it.
+
+    A global module-registration hook, not a wrapper around ``DDP.__init__``: both
+    wrappers assign the user's module (``self.module = module``, FSDP's
+    ``_fsdp_wrapped_module``) before they verify parameter shapes across ranks, so the
+    fingerprint exists even when that verification fails (catalog F1). A public hook
+    leaves DDP's own code and frames untouched (see README, known limitations, for the
+    torch 2.13 gloo teardown deadlock this was investigated against).
+    """
+    from torch.nn.modules.module import register_module_module_registration_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    patched += _wrap_init(DistributedDataParallel, "DistributedDataParallel")
+    wrappers: list[tuple[type, str, str]] = [(DistributedDataParallel, "module", "DistributedDataParallel")]
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
     except Exception:  # FSDP may be unavailable in minimal builds
-        return patched
-    patched += _wrap_init(FullyShardedDataParallel, "FullyShardedDataParallel")
-    return patched
-
-
-def _wrap_init(cls: Any, label: str) -> list[str]:
-    if getattr(cls, "_ddptop_patched", False):
-        return []
-    original_init = cls.__init__
+        pass
+    else:
+        wrappers.append((FullyShardedDataParallel, "_fsdp_wrapped_module", "FullyShardedDataParallel"))
     p = PROGRESS
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        module = args[0] if args else kwargs.get("module")
-        try:
-            if p.on_wrap is not None and module is not None:
-                p.on_wrap(label, module, kwargs.get("device_ids", args[1] if len(args) > 1 else None))
-        except Exception:
-            p.hook_errors += 1
-        original_init(self, *args, **kwargs)
+    def on_registration(parent: Any, name: str, submodule: Any) -> None:
+        # Runs for every submodule registration while models are built: one cheap
+        # isinstance test per call, nothing per training step.
+        if p.on_wrap is None or submodule is None:
+            return
+        for cls, attr, label in wrappers:
+            if name == attr and isinstance(parent, cls):
+                try:
+                    p.on_wrap(label, submodule, None)
+                except Exception:
+                    p.hook_errors += 1
+                return
 
-    cls.__init__ = __init__
-    cls._ddptop_patched = True
-    return [f"{label}.__init__"]
+    register_module_module_registration_hook(on_registration)
+    return ["module_registration_hook(DDP/FSDP)"]
 
 
 def loader_queue_depth(iterator: Any) -> tuple[int | None, int, list[int]]:
