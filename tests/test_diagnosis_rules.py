@@ -134,8 +134,8 @@ def test_one_rank_job_is_quiet() -> None:
 
 def test_findings_for_model_reads_the_model() -> None:
     model = JobModel()
-    for r, bpe in ((0, 1250), (1, 1248)):
-        model.apply(RecordEntry(time=NOW, rank=r, message=StateMsg(state=rank(r, 2, batches_per_epoch=bpe))))
+    for r, bpe in ((0, 1250), (1, 1248), (2, 1250)):
+        model.apply(RecordEntry(time=NOW, rank=r, message=StateMsg(state=rank(r, 3, batches_per_epoch=bpe))))
         model.apply(HistoryMsg(rank=r, samples=samples()))
     assert only(findings_for_model(model, NOW), "unequal_batches").ranks == [1]
 
@@ -420,3 +420,10 @@ def test_thresholds_come_from_config() -> None:
     states = [in_collective(r, 37, age=7.0) for r in range(3)] + [at_seq(3, 36)]
     assert "collective_stall" in kinds(diagnose(snap(states), {}, NOW))
     assert "collective_stall" not in kinds(diagnose(snap(states), {}, NOW, DiagnosisConfig(stall_s=8.0)))
+
+
+def test_unequal_batches_without_a_majority_names_every_rank() -> None:
+    states = [rank(r, batches_per_epoch=c, batch=10) for r, c in enumerate((67, 44, 63, 65))]
+    f = only(diagnose(snap(states), {}, NOW), "unequal_batches")
+    assert f.ranks == [0, 1, 2, 3]
+    assert "rank 1 runs out after 44 batches" in f.evidence[1]

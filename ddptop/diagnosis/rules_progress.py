@@ -34,8 +34,11 @@ def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], n
     counts = {s.rank: s.batches_per_epoch for s in active(snapshot) if s.batches_per_epoch is not None}
     if len(counts) < 2 or len(set(counts.values())) < 2:
         return []
-    majority, _ = Counter(counts.values()).most_common(1)[0]
-    odd = sorted(r for r, c in counts.items() if c != majority)
+    (majority, votes), *rest = Counter(counts.values()).most_common()
+    if rest and rest[0][1] == votes:
+        odd = sorted(counts)  # no majority (e.g. every rank differs): every rank is involved
+    else:
+        odd = sorted(r for r, c in counts.items() if c != majority)
     shortest = min(counts.values())
     first_out = sorted(r for r, c in counts.items() if c == shortest)
     by_rank = snapshot.by_rank()
