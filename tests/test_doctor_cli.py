@@ -55,7 +55,7 @@ def test_doctor_bad_watch_exit_2(runtime_dir: Path, capsys: pytest.CaptureFixtur
 
 
 def _fake_state(rank: int, batches: int) -> RankState:
-    return RankState(rank=rank, local_rank=rank, world_size=2, host="h", pid=1 + rank, job_id="fake",
+    return RankState(rank=rank, local_rank=rank, world_size=3, host="h", pid=1 + rank, job_id="fake",
                      time=100.0, start_time=1.0, batches_per_epoch=batches)
 
 
@@ -65,7 +65,7 @@ def test_doctor_exit_1_and_json_on_findings(monkeypatch: pytest.MonkeyPatch,
 
     def fake_observe(target: str | None, watch: float) -> tuple[JobModel, float]:
         model = JobModel()
-        for r, n in ((0, 1250), (1, 1248)):
+        for r, n in ((0, 1250), (1, 1248), (2, 1250)):
             model.apply(RecordEntry(time=100.0, rank=r, message=StateMsg(state=_fake_state(r, n))))
         return model, 100.5
 
