@@ -57,6 +57,24 @@ def fresh_ranks(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> s
     return out
 
 
+def settled_windows(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                    config: DiagnosisConfig) -> dict[int, list[Sample]]:
+    """Recent samples of every running rank past its warm-up that has enough of them.
+
+    The rate rules (straggler, input-bound) judge only these: a rank that just started or
+    restarted, or has too few samples, has no "persistent" behaviour yet.
+    """
+    fresh = fresh_ranks(snapshot, now, config)
+    out: dict[int, list[Sample]] = {}
+    for s in active(snapshot):
+        if s.rank in fresh or s.status != "running":
+            continue
+        samples = window(histories.get(s.rank, []), s, now, config.window_s)
+        if len(samples) >= config.min_samples:
+            out[s.rank] = samples
+    return out
+
+
 def window(samples: Sequence[Sample], state: RankState, now: float, span_s: float) -> list[Sample]:
     """Samples of the last *span_s* seconds taken after the rank's (re)start."""
     since = max(now - span_s, state.start_time)

@@ -17,7 +17,7 @@ from ddptop.diagnosis.common import (
     median,
     median_without,
     ranks_text,
-    window,
+    settled_windows,
 )
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
@@ -80,15 +80,8 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
     its DataLoader than its peers do; both signals are medians over ``window_s``.
     """
     fresh = fresh_ranks(snapshot, now, config)
-    stats: dict[int, tuple[float | None, float | None]] = {}
-    for s in active(snapshot):
-        if s.rank in fresh or s.status != "running":
-            continue
-        samples = window(histories.get(s.rank, []), s, now, config.window_s)
-        if len(samples) < config.min_samples:
-            continue
-        stats[s.rank] = (median(x.step_time_s for x in samples),
-                         median(x.data_wait_fraction for x in samples))
+    stats = {rank: (median(x.step_time_s for x in samples), median(x.data_wait_fraction for x in samples))
+             for rank, samples in settled_windows(snapshot, histories, now, config).items()}
     late = entry_lateness(snapshot, {s.rank for s in active(snapshot)
                                      if s.rank not in fresh and s.status == "running"})
     if len(stats) < 2 and len(late) < 2:
@@ -149,21 +142,15 @@ def _straggler_remedy(state: RankState) -> str:
 def input_bound(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                 config: DiagnosisConfig) -> list[Finding]:
     """Ranks that spend most of each step waiting for a DataLoader whose queue is empty."""
-    fresh = fresh_ranks(snapshot, now, config)
     hits: dict[int, tuple[float, float | None]] = {}
-    for s in active(snapshot):
-        if s.rank in fresh or s.status != "running":
-            continue
-        samples = window(histories.get(s.rank, []), s, now, config.window_s)
-        if len(samples) < config.min_samples:
-            continue
+    for rank, samples in settled_windows(snapshot, histories, now, config).items():
         wait = median(x.data_wait_fraction for x in samples)
         ready = median(x.loader_ready_batches for x in samples)
         if wait is None or wait <= config.input_bound_wait:
             continue
         if ready is not None and ready > config.input_bound_ready:
             continue  # batches are waiting in the queue: the time goes elsewhere
-        hits[s.rank] = (wait, ready)
+        hits[rank] = (wait, ready)
     if not hits:
         return []
     by_rank = snapshot.by_rank()
