@@ -334,3 +334,44 @@ def test_read_fr_json_returns_text_not_bytes_repr() -> None:
     import json
 
     assert "entries" in json.loads(text) or "version" in json.loads(text)
+
+
+_TEARDOWN_CHECK = r"""
+import inspect, os, socket, sys, time
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+original = dist.destroy_process_group
+from ddptop.reporter.config import config_from_env
+from ddptop.reporter.progress import install_torch_patches
+patched = install_torch_patches(torch, config_from_env().teardown_yield_s)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+began = time.perf_counter()
+dist.destroy_process_group()
+took = time.perf_counter() - began
+print(sorted(patched))
+print(dist.destroy_process_group is c10d.destroy_process_group,
+      getattr(dist.destroy_process_group, "__wrapped__", None) is original,
+      inspect.signature(dist.destroy_process_group) == inspect.signature(original),
+      dist.is_initialized(), round(took, 3))
+"""
+
+
+@pytest.mark.parametrize("yield_s", ["0.2", "0"])
+def test_destroy_process_group_yields_the_gil_first(yield_s: str) -> None:
+    """The torch 2.13 gloo teardown-deadlock guard: a wrapped, signature-preserving
+    destroy_process_group that sleeps first (off with DDPTOP_TEARDOWN_YIELD=0)."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, DDPTOP_TEARDOWN_YIELD=yield_s, DDPTOP_DISABLE="1")
+    out = subprocess.run([sys.executable, "-c", _TEARDOWN_CHECK], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    same, wrapped, signature, initialized, took = out[1].split()
+    assert same == "True" and initialized == "False"
+    if yield_s == "0":
+        assert "destroy_process_group(yield)" not in out[0] and wrapped == "False"
+    else:
+        assert "destroy_process_group(yield)" in out[0] and wrapped == "True" and signature == "True"
+        assert float(took) >= 0.2

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ddptop.protocol import HistoryMsg, RecordEntry, StateMsg
 from ddptop.tui import desync
 from ddptop.tui.findings import findings
 from ddptop.tui.rows import (
+    RowBuilder,
     build_rows,
     cells,
     filter_rows,
@@ -115,3 +117,29 @@ def test_cells_show_pending_collective_and_gpu() -> None:
     assert "all_reduce #51 12.0s ⏱18.0s" in text
     assert "80%" in text and "50%" in text
     assert header_line().split()[:4] == ["RANK", "HOST", "STATUS", "FLAGS"]
+
+
+def test_row_builder_reuses_unchanged_rows_and_equals_a_fresh_build() -> None:
+    """The redraw memo: only changed ranks are rebuilt, and the rows always equal build_rows."""
+    model = model_of([state(r, seq=300) for r in range(4)])
+    builder = RowBuilder()
+    first = builder.build(model, NOW)
+    assert first == build_rows(model, NOW)
+    # Rank 1 moves on; rank 2 stops (its seq is now behind and stuck): marks of others change too.
+    model.apply(RecordEntry(time=NOW + 1, rank=1, message=StateMsg(state=state(1, seq=310, t=NOW + 1))))
+    model.apply(RecordEntry(time=NOW + 1, rank=2, message=StateMsg(
+        state=state(2, seq=290, stuck=True, t=NOW + 1))))
+    second = builder.build(model, NOW + 1)
+    assert second == build_rows(model, NOW + 1)
+    assert second[0] is first[0] and second[3] is first[3]  # untouched ranks: the same row objects
+    assert second[1] is not first[1] and second[1].seq == 310
+    assert desync.LAG_SEQ in second[2].marks and second[2].seq_lag == 20
+    assert second[0].seq_lag == 10  # the leader moved: lag of a reused row is recomputed
+    # A status change alone (connection lost), a history reply and a vanished rank.
+    model.apply(lost(3, at=NOW + 2))
+    model.apply(HistoryMsg(rank=0, samples=[]))
+    third = builder.build(model, NOW + 2)
+    assert third == build_rows(model, NOW + 2)
+    assert third[3].status == "lost" and third[3] is not first[3]
+    del model.ranks[2]
+    assert builder.build(model, NOW + 2) == build_rows(model, NOW + 2)

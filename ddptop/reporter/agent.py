@@ -216,7 +216,7 @@ class Reporter:
         """Called once torch is importable: patch its classes (on the importing thread)."""
         from ddptop.reporter.progress import install_torch_patches
 
-        install_torch_patches(torch_module)
+        install_torch_patches(torch_module, self.config.teardown_yield_s)
         self._torch_ready = True
 
     def _on_epoch_start(self, epoch: int) -> None:

@@ -10,6 +10,7 @@
 | DDPTOP_JOB_ID | | job id (set by ``ddptop launch``; else torchrun's run id) |
 | DDPTOP_FR_AFTER | 2.0 | seconds of a still seq before FR is read for pending ops |
 | DDPTOP_FR_TIMING | 30 | seconds between FR reads of enqueue times (stragglers; 0: off) |
+| DDPTOP_TEARDOWN_YIELD | 0.05 | seconds destroy_process_group first sleeps (GIL released; 0: off) |
 | DDPTOP_DISABLE | | set to 1 to turn the reporter off |
 """
 
@@ -39,6 +40,7 @@ class ReporterConfig:
     history_len: int = 600
     fr_after_s: float = 2.0
     fr_timing_every_s: float = 30.0
+    teardown_yield_s: float = 0.05
     store_timeout_s: float = 5.0
 
 
@@ -75,4 +77,5 @@ def config_from_env(env: dict[str, str] | None = None) -> ReporterConfig:
         history_len=max(10, int(_float(env, "DDPTOP_HISTORY", 600))),
         fr_after_s=_float(env, "DDPTOP_FR_AFTER", 2.0),
         fr_timing_every_s=_float(env, "DDPTOP_FR_TIMING", 30.0),
+        teardown_yield_s=max(0.0, _float(env, "DDPTOP_TEARDOWN_YIELD", 0.05)),
     )

@@ -8,6 +8,7 @@ them into rates; a torn read costs one slightly wrong sample, never a crash.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -109,8 +110,8 @@ def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any, _p: Progress = 
     _p.step += 1
 
 
-def install_torch_patches(torch_module: Any) -> list[str]:
-    """Patch optimizer, DataLoader and DDP at class level; return what was patched."""
+def install_torch_patches(torch_module: Any, teardown_yield_s: float = 0.05) -> list[str]:
+    """Patch optimizer, DataLoader, DDP and teardown at class level; return what was patched."""
     patched: list[str] = []
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -118,7 +119,39 @@ def install_torch_patches(torch_module: Any) -> list[str]:
     patched.append("optimizer_step_post_hook")
     patched += _patch_dataloader()
     patched += _patch_wrappers()
+    patched += _patch_teardown(teardown_yield_s)
     return patched
+
+
+def _patch_teardown(yield_s: float) -> list[str]:
+    """Release the GIL for a moment before ``destroy_process_group`` (torch >= 2.12 gloo).
+
+    Why: since torch 2.12 every backward stashes a ``contextvars`` context in thread-local
+    state that each gloo work copies, so the gloo run-loop thread needs the GIL to drop
+    the last work of the final backward. If the main thread reaches ``~ProcessGroupGloo``
+    (which holds the GIL while it joins that thread, typically when the DDP model is freed
+    right after ``destroy_process_group``) first, the process deadlocks at exit (upstream
+    pytorch#180700). A short sleep here lets the run-loop threads finish first; it costs
+    the job ``yield_s`` once, at teardown. ``DDPTOP_TEARDOWN_YIELD=0`` turns it off.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    original = getattr(c10d, "destroy_process_group", None)
+    if yield_s <= 0 or original is None or getattr(original, "_ddptop_patched", False):
+        return []
+    pause = yield_s
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(pause)
+        return original(*args, **kwargs)
+
+    destroy_process_group._ddptop_patched = True  # type: ignore[attr-defined]
+    c10d.destroy_process_group = destroy_process_group
+    if getattr(dist, "destroy_process_group", None) is original:
+        dist.destroy_process_group = destroy_process_group
+    return ["destroy_process_group(yield)"]
 
 
 def _patch_dataloader() -> list[str]:

@@ -31,7 +31,7 @@ from ddptop.source import JobSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
 from ddptop.tui.findings import findings, worst
-from ddptop.tui.rows import build_rows
+from ddptop.tui.rows import RowBuilder
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.filter import FilterPrompt
 from ddptop.tui.screens.help import HelpScreen
@@ -106,6 +106,7 @@ class DdptopApp(App[int]):
         self._buffer = EventBuffer(self._wake)
         self._started = False
         self._diagnosing = False
+        self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
 
     # ------------------------------------------------------------ wiring
 
@@ -179,7 +180,7 @@ class DdptopApp(App[int]):
             elif not self._diagnosing:
                 self._diagnose_in_background(now)
             self._last_findings, self._findings_ranks = wall, len(self.model.ranks)
-        self.query_one(RankTable).set_rows(build_rows(self.model, now))
+        self.query_one(RankTable).set_rows(self._rows.build(self.model, now))
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
                                        "replay" if self.replay else "live", self.paused)

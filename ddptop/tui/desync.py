@@ -56,22 +56,49 @@ def oldest_pending(state: RankState) -> PendingOp | None:
     return min(pending, key=lambda op: (op.seq, -op.age_s))
 
 
-def job_leads(states: list[RankState]) -> JobLeads:
+@dataclass(frozen=True, slots=True)
+class RankFacts:
+    """What the marks of one rank depend on, read once from its state (cacheable per state)."""
+
+    status: str
+    has_state: bool = False
+    seq: int | None = None
+    op: PendingOp | None = None
+    step: int = 0
+    bpe: int | None = None
+    seq_stuck: bool = False
+    step_stuck: bool = False
+
+
+def facts_of(state: RankState | None, status: str) -> RankFacts:
+    """The :class:`RankFacts` of a rank with *state* (None: never heard from) and *status*."""
+    if state is None:
+        return RankFacts(status=status)
+    return RankFacts(status=status, has_state=True, seq=default_group_seq(state), op=oldest_pending(state),
+                     step=state.step, bpe=state.batches_per_epoch, seq_stuck=_seq_stuck(state),
+                     step_stuck=_step_stuck(state))
+
+
+def leads_of(facts: list[RankFacts]) -> JobLeads:
     """Leader seq/step, the most common batches_per_epoch, ops entered at each seq."""
-    seqs = [s for s in (default_group_seq(st) for st in states) if s is not None]
-    bpes = Counter(st.batches_per_epoch for st in states if st.batches_per_epoch is not None)
+    present = [f for f in facts if f.has_state]
+    bpes = Counter(f.bpe for f in present if f.bpe is not None)
     ops: dict[int, Counter[str]] = {}
-    for st in states:
-        op = oldest_pending(st)
-        if op is not None:
-            ops.setdefault(op.seq, Counter())[op.op] += 1
+    for f in present:
+        if f.op is not None:
+            ops.setdefault(f.op.seq, Counter())[f.op.op] += 1
     return JobLeads(
-        max_seq=max(seqs, default=0),
-        max_step=max((st.step for st in states), default=0),
+        max_seq=max((f.seq for f in present if f.seq is not None), default=0),
+        max_step=max((f.step for f in present), default=0),
         common_bpe=_majority(bpes),
         distinct_bpe=len(bpes),
         ops_at_seq=ops,
     )
+
+
+def job_leads(states: list[RankState]) -> JobLeads:
+    """Leader seq/step, the most common batches_per_epoch, ops entered at each seq."""
+    return leads_of([facts_of(st, st.status) for st in states])
 
 
 def _majority(counts: Counter[int]) -> int | None:
@@ -94,34 +121,36 @@ def _step_stuck(state: RankState) -> bool:
 
 def marks_for(state: RankState | None, status: str, leads: JobLeads) -> list[str]:
     """The desync marks of one rank (empty when it agrees with its peers)."""
+    return marks_of(facts_of(state, status), leads)
+
+
+def marks_of(f: RankFacts, leads: JobLeads) -> list[str]:
+    """The desync marks of the rank described by *f* (empty when it agrees with its peers)."""
     marks: list[str] = []
-    if status in BAD_STATUS:
-        marks.append(BAD_STATUS[status])
-    if state is None:
+    if f.status in BAD_STATUS:
+        marks.append(BAD_STATUS[f.status])
+    if not f.has_state:
         return marks
-    seq = default_group_seq(state)
-    if seq is not None and seq < leads.max_seq and _seq_stuck(state):
+    if f.seq is not None and f.seq < leads.max_seq and f.seq_stuck:
         marks.append(LAG_SEQ)
-    if state.step < leads.max_step and _step_stuck(state):
+    if f.step < leads.max_step and f.step_stuck:
         marks.append(LAG_STEP)
-    op = oldest_pending(state)
-    if op is not None:
-        counts = leads.ops_at_seq.get(op.seq)
+    if f.op is not None:
+        counts = leads.ops_at_seq.get(f.op.seq)
         # The minority op at a seq is the odd one out; a tie marks everyone (no majority).
         if counts is not None and len(counts) > 1:
             top = counts.most_common()
-            if counts[op.op] < top[0][1] or top[0][1] == top[1][1]:
+            if counts[f.op.op] < top[0][1] or top[0][1] == top[1][1]:
                 marks.append(MISMATCH)
     # Without a majority (all four counts differ) nobody is "the odd one": mark every rank.
-    if state.batches_per_epoch is not None and leads.distinct_bpe > 1 and (
-            leads.common_bpe is None or state.batches_per_epoch != leads.common_bpe):
+    if f.bpe is not None and leads.distinct_bpe > 1 and (
+            leads.common_bpe is None or f.bpe != leads.common_bpe):
         marks.append(BATCHES)
     return marks
 
 
 def desync_marks(model: JobModel, now: float) -> dict[int, list[str]]:
     """Marks of every rank of *model* at *now*."""
-    views = sorted(model.ranks.items())
-    states = [v.state for _, v in views if v.state is not None]
-    leads = job_leads(states)
-    return {rank: marks_for(view.state, view.status(now), leads) for rank, view in views}
+    facts = {rank: facts_of(view.state, view.status(now)) for rank, view in sorted(model.ranks.items())}
+    leads = leads_of(list(facts.values()))
+    return {rank: marks_of(f, leads) for rank, f in facts.items()}

@@ -34,17 +34,19 @@ def attach_state(statuses: dict[int, str], world_size: int) -> tuple[str, str]:
 def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = "live",
                 paused: bool = False) -> Text:
     """The two header lines as rich Text (pure, so snapshot tests can read it)."""
-    snap = model.snapshot(now)
-    uptime = None
-    starts = [v.state.start_time for v in model.ranks.values() if v.state is not None and v.state.start_time]
-    if starts:
-        uptime = now - min(starts)
+    # One pass over the states, not model.snapshot(): this runs at every redraw.
+    states = [v.state for _, v in sorted(model.ranks.items()) if v.state is not None]
+    starts = [st.start_time for st in states if st.start_time]
+    uptime = now - min(starts) if starts else None
+    world = max([model.world_size] + [st.world_size for st in states])
+    hosts = sorted({st.host for st in states})
+    backend = next((st.backend for st in states if st.backend), "")
     state, level = attach_state(model.statuses(now), model.world_size)
     text = Text()
     text.append(" ddptop ", style="bold reverse")
     text.append(f" job {model.job_id or '?'}", style="bold")
-    text.append(f" · {snap.job.world_size} ranks · hosts {', '.join(snap.job.hosts) or '?'}")
-    text.append(f" · {snap.job.backend or '?'} · up {human_duration(uptime)} · ")
+    text.append(f" · {world} ranks · hosts {_hosts(hosts)}")
+    text.append(f" · {backend or '?'} · up {human_duration(uptime)} · ")
     text.append(state, style={"ok": "green", "warn": "yellow", "bad": "bold red"}[level])
     if mode == "replay":
         text.append(" · REPLAY", style="bold magenta")
@@ -57,6 +59,14 @@ def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = 
         text.append(f" {worst.severity.upper()} ", style=_SEVERITY_STYLE.get(worst.severity, "") + " reverse")
         text.append(f" {worst.title}", style=_SEVERITY_STYLE.get(worst.severity, ""))
     return text
+
+
+def _hosts(hosts: list[str], shown: int = 4) -> str:
+    # 512 host names do not fit on a line: the first few and a count.
+    if not hosts:
+        return "?"
+    more = f" +{len(hosts) - shown}" if len(hosts) > shown else ""
+    return ", ".join(hosts[:shown]) + more
 
 
 class JobHeader(Static):
