@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ddptop.proctree import stop_tree
+
 BIN = Path(sys.executable).parent
 
 
@@ -95,8 +98,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        pass
+    stop_tree(proc)
 
 
 def _rank0(snap: Any) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """What the reporter costs a training job: step-time overhead and per-batch / per-step cost.
 
     .venv/bin/python bench/reporter_overhead.py [--rounds 4] [--steps 300] [--nproc 2]
+        [--block 600 --blocks 12 --block-jobs 2]
 
 1. A/B step time of a small DDP job (gloo, CPU): the same script run by plain
    ``torchrun`` (A) and by ``ddptop launch -- torchrun`` (B), alternating A, B, A, B...
@@ -19,6 +20,7 @@ When started by torchrun (RANK set) this file is the benchmark's training script
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -42,8 +44,13 @@ MARK = "DDPTOP_BENCH "
 # ---------------------------------------------------------------- the training job
 
 
-def worker(steps: int, warmup: int) -> None:
-    """Train a small DDP MLP for *steps* timed steps; rank 0 prints the step times."""
+def worker(steps: int, warmup: int, block: int = 0) -> None:
+    """Train a small DDP MLP for *steps* timed steps; rank 0 prints the step times.
+
+    With *block* > 0 (and a reporter), the reporter's sampling thread is stopped and
+    restarted every *block* steps (off, on, off, ...), in step on every rank, and rank 0
+    also prints each block's median step time: the in-job A/B.
+    """
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -61,17 +68,26 @@ def worker(steps: int, warmup: int) -> None:
     times: list[float] = []
     cpu0 = 0.0
     last = time.perf_counter()
+    blocks: list[tuple[bool, list[float]]] = []
     for i, (x, y) in enumerate(loader):
         if i == warmup:
             cpu0 = time.process_time()
             samples0, _ = reporter_samples()
+        if block and i >= warmup and (i - warmup) % block == 0:
+            sampling = ((i - warmup) // block) % 2 == 1
+            set_sampling(sampling)
+            blocks.append((sampling, []))
+            last = time.perf_counter()  # the toggle itself is not a training step
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         now = time.perf_counter()
         times.append(now - last)  # the whole step, DataLoader fetch included
+        if blocks:
+            blocks[-1][1].append(now - last)
         last = now
+    set_sampling(True)
     # Process CPU time (every thread: training, gloo, the reporter) per timed step: far
     # less sensitive than wall time to other jobs on a shared machine.
     timed = max(1, len(times) - warmup)
@@ -81,9 +97,34 @@ def worker(steps: int, warmup: int) -> None:
     times = times[warmup:]
     if dist.get_rank() == 0:
         print(MARK + json.dumps({"median": statistics.median(times), "mean": statistics.fmean(times),
-                                 "cpu": cpu, "reporter_cpu": rep, "n": len(times)}),
+                                 "cpu": cpu, "reporter_cpu": rep, "n": len(times),
+                                 "blocks": [[on, statistics.median(ts)] for on, ts in blocks if ts]}),
               flush=True)
     dist.destroy_process_group()
+
+
+def set_sampling(on: bool) -> None:
+    """Start or stop this rank's reporter thread (the in-job A/B); no-op without a reporter.
+
+    The hooks stay installed either way (their cost is measured by the microbenchmarks);
+    this isolates what the sampling thread costs the training thread. Reaches into the
+    agent on purpose: pausing is a benchmark's need, not a user-facing feature.
+    """
+    import threading
+
+    from ddptop.reporter import current
+
+    agent: Any = current()
+    if agent is None:
+        return
+    thread = agent._thread
+    if on and (thread is None or not thread.is_alive()):
+        agent._stop.clear()
+        agent._thread = threading.Thread(target=agent._run, name="ddptop-reporter", daemon=True)
+        agent._thread.start()
+    elif not on and thread is not None and thread.is_alive():
+        agent._stop.set()
+        thread.join()
 
 
 def reporter_samples() -> tuple[int, float]:
@@ -104,8 +145,16 @@ def reporter_samples() -> tuple[int, float]:
 def run_job(with_reporter: bool, nproc: int, steps: int, warmup: int,
             runtime_dir: str) -> tuple[float, float, float]:
     """Run one job; rank 0's median step wall time, CPU per step, reporter CPU per step (s)."""
+    result = run_job_raw(with_reporter, nproc, steps, warmup, runtime_dir)
+    return float(result["median"]), float(result["cpu"]), float(result["reporter_cpu"])
+
+
+def run_job_raw(with_reporter: bool, nproc: int, steps: int, warmup: int, runtime_dir: str,
+                block: int = 0) -> dict[str, Any]:
+    """Run one job; rank 0's result line as a dict."""
     torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc),
-                str(Path(__file__).resolve()), "--steps", str(steps), "--warmup", str(warmup)]
+                str(Path(__file__).resolve()), "--steps", str(steps), "--warmup", str(warmup),
+                "--block", str(block)]
     env = dict(os.environ, OMP_NUM_THREADS="1", DDPTOP_RUNTIME_DIR=runtime_dir)
     env.pop("DDPTOP_DISABLE", None)
     cmd = [sys.executable, "-m", "ddptop", "launch", "--", *torchrun] if with_reporter else torchrun
@@ -113,8 +162,8 @@ def run_job(with_reporter: bool, nproc: int, steps: int, warmup: int,
                          cwd=ROOT)
     for line in res.stdout.splitlines():
         if line.startswith(MARK):
-            result = json.loads(line[len(MARK):])
-            return float(result["median"]), float(result["cpu"]), float(result["reporter_cpu"])
+            result: dict[str, Any] = json.loads(line[len(MARK):])
+            return result
     raise RuntimeError(f"job failed (rc {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
 
 
@@ -206,6 +255,41 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
     return rows
 
 
+def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int) -> None:
+    """Print the in-job A/B: blocks of *block* steps with the sampling thread off, then on.
+
+    Every block is compared with its neighbours of the other kind in the same processes,
+    so between-job noise (placement, memory layout, other tenants) cancels out.
+    """
+    offs: list[float] = []
+    ons: list[float] = []
+    pair_ratios: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="ddptop-bench-") as rt:
+        for j in range(jobs):
+            result = run_job_raw(True, nproc, block * blocks, warmup, rt, block=block)
+            seq = [(bool(on), float(med)) for on, med in result["blocks"]]
+            for (on_a, a), (on_b, b) in itertools.pairwise(seq):
+                if on_a != on_b:  # every off/on neighbour pair, both orders
+                    pair_ratios.append((b / a) if on_b else (a / b))
+            offs += [m for on, m in seq if not on]
+            ons += [m for on, m in seq if on]
+            print(f"  job {j + 1}: block medians (ms) " + " ".join(
+                f"{'on' if on else 'off'}:{m * 1e3:.3f}" for on, m in seq), flush=True)
+    ratio = statistics.median(pair_ratios)
+    pair_ratios.sort()
+    lo, hi = pair_ratios[len(pair_ratios) // 4], pair_ratios[(3 * len(pair_ratios)) // 4]
+    print()
+    print(f"## in-job A/B: reporter sampling thread off/on in blocks of {block} steps, "
+          f"{blocks} blocks x {jobs} jobs, {nproc} ranks")
+    print("| | median step ms | |")
+    print("|---|---:|---|")
+    print(f"| sampling off | {statistics.median(offs) * 1e3:.3f} | hooks installed |")
+    print(f"| sampling on | {statistics.median(ons) * 1e3:.3f} | |")
+    print(f"| on/off, median of {len(pair_ratios)} neighbour pairs | {ratio:.4f} "
+          f"({(ratio - 1) * 100:+.2f} %) | interquartile {lo:.4f}..{hi:.4f}; target <= +0.5 % |")
+    print()
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -218,9 +302,13 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2, help="ranks per job (default 2)")
     parser.add_argument("--number", type=int, default=200_000, help="calls per microbenchmark run")
     parser.add_argument("--skip-jobs", action="store_true", help="microbenchmarks only")
+    parser.add_argument("--block", type=int, default=0,
+                        help="in-job A/B: steps per block of reporter sampling off/on (0: skip)")
+    parser.add_argument("--blocks", type=int, default=12, help="in-job A/B: blocks per job")
+    parser.add_argument("--block-jobs", type=int, default=2, help="in-job A/B: jobs")
     args = parser.parse_args()
     if "RANK" in os.environ:
-        worker(args.steps, args.warmup)
+        worker(args.steps, args.warmup, args.block)
         return 0
 
     print(f"# reporter overhead  (python {sys.version.split()[0]}, {os.cpu_count()} cores, "
@@ -265,6 +353,8 @@ def main() -> int:
               "per-round values;\n the reporter thread's own CPU and the hook costs below are the "
               "noise-free part of the overhead)")
         print()
+    if args.block:
+        in_job_ab(args.nproc, args.block, args.blocks, args.block_jobs, args.warmup)
     rows = micro(args.number, rounds=9)
     print("## added cost on the training thread (best of 9 interleaved runs)")
     print("| hot path | original (us) | with ddptop (us) | added (us) |")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ddptop.proctree import stop_tree
+
 BIN = Path(sys.executable).parent
 
 
@@ -44,11 +47,7 @@ def run_once(with_ddptop: bool, nproc: int, steps: int, timeout: float,
     except subprocess.TimeoutExpired:
         return None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        stop_tree(proc, grace_s=2.0)  # a hung rank lives in a session of its own
 
 
 def main() -> None:

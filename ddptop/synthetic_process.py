@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import resource
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from types import TracebackType
 
 from ddptop import discovery
 from ddptop.errors import DdptopError, UsageError
+from ddptop.proctree import stop_tree
 
 
 def ensure_fd_limit(needed: int) -> int:
@@ -47,19 +47,7 @@ class SyntheticProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL it if it lingers; always reaps."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if self.proc.poll() is not None:
-                break
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                continue
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=timeout)
+        stop_tree(self.proc, grace_s=timeout)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 

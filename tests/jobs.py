@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ddptop.proctree import stop_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "probes"
@@ -87,23 +88,8 @@ class RunningJob:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        """Kill the job's whole process group (idempotent)."""
-        if self.proc.poll() is None:
-            for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        # Ranks may outlive torchrun after SIGKILL of the group leader: sweep the group.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Stop the job's process group and every rank it started (idempotent)."""
+        stop_tree(self.proc)
 
 
 class JobRunner:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import msgspec
 import pytest
 
-from ddptop.diagnosis import KINDS, DiagnosisConfig, diagnose, findings_for_model
+from ddptop.diagnosis import KINDS, DiagnosisConfig, diagnose, findings_for_model, recent_samples
 from ddptop.diagnosis.engine import RULES
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
@@ -427,3 +428,16 @@ def test_unequal_batches_without_a_majority_names_every_rank() -> None:
     f = only(diagnose(snap(states), {}, NOW), "unequal_batches")
     assert f.ranks == [0, 1, 2, 3]
     assert "rank 1 runs out after 44 batches" in f.evidence[1]
+
+
+@pytest.mark.parametrize("times", [[], [5.0], [1.0, 2.0, 2.0, 3.0, 7.5], list(range(0, 700, 1))])
+def test_recent_samples_equals_a_plain_filter(times: list[float]) -> None:
+    """The binary-search tail copy agrees with filtering, for lists and deques, at every cut."""
+    samples = [Sample(time=float(t), step=i, epoch=0, batch=i, seq=i, step_time_s=None,
+                      data_wait_fraction=None, loader_ready_batches=None, cpu_percent=None,
+                      rss_bytes=None, gpu_util_percent=None) for i, t in enumerate(times)]
+    cuts = sorted({*times, -1.0, 1e9, *(t + 0.5 for t in times[:20])})
+    for since in cuts:
+        expected = [s for s in samples if s.time >= since]
+        assert recent_samples(samples, since) == expected
+        assert recent_samples(deque(samples, maxlen=3600), since) == expected

@@ -13,7 +13,6 @@ import argparse
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.errors import DdptopError, TargetNotFound, UsageError
 from ddptop.model.job import JobModel
+from ddptop.proctree import stop_tree
 
 log = logging.getLogger(__name__)
 
@@ -74,21 +74,8 @@ def start_job(probe: Path, seconds: float, log_path: Path) -> tuple[str, subproc
 
 
 def stop_job(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the job's whole process group: TERM, then KILL after a grace period."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # ranks can outlive torchrun: sweep the group once more
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Stop the job: its process group and every rank (ranks run in sessions of their own)."""
+    stop_tree(proc)
 
 
 def wait_for_ranks(job_id: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> JobTarget:

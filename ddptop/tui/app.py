@@ -12,9 +12,9 @@ picks ``source.model_at(t)`` and every panel shows that moment, with *t* as "now
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,7 +24,6 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Footer
 
-from ddptop.diagnosis import GONE, DiagnosisConfig, recent_samples
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel, RankView
 from ddptop.source import JobSource
@@ -44,10 +43,11 @@ from ddptop.tui.widgets.timeline import Timeline
 log = logging.getLogger(__name__)
 
 QUIET_REDRAW_S = 1.0  # redraw at least this often: statuses turn "stale" with time alone
-FINDINGS_EVERY_S = 1.0  # the diagnosis costs ~0.4 s at 4096 ranks: not at every redraw
+FINDINGS_EVERY_S = 1.0  # at most this often (longer when a diagnosis takes long): not per redraw
 # From this many ranks on, the diagnosis runs on a worker thread so keys stay responsive;
 # below it, it costs a few ms and runs inline (deterministic for tests and replay).
 BACKGROUND_FINDINGS_RANKS = 256
+GC_THRESHOLD_0 = 50_000  # allocations between young collections (CPython's default: 700)
 FIRST_FINDING_PROBES = 400  # replay: at most this many moments examined by `f`
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
@@ -107,6 +107,8 @@ class DdptopApp(App[int]):
         self._started = False
         self._diagnosing = False
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
+        self._findings_every = FINDINGS_EVERY_S
+        self._gc_thresholds = gc.get_threshold()
 
     # ------------------------------------------------------------ wiring
 
@@ -134,10 +136,17 @@ class DdptopApp(App[int]):
                 log.warning("source failed to start: %s", exc)
                 self.notify(f"cannot attach: {exc}", severity="error", timeout=30)
         self.set_interval(self.redraw_interval, self._tick)
+        # Why: thousands of ranks replace thousands of small containers every second, which
+        # triggers full collections of the whole heap (100-200 ms pauses at 4096 ranks) although
+        # nothing here makes reference cycles. A higher first threshold makes full collections
+        # rare; cyclic garbage (Textual's) is still collected in the young generations.
+        self._gc_thresholds = gc.get_threshold()
+        gc.set_threshold(GC_THRESHOLD_0, *self._gc_thresholds[1:])
         self.redraw()
 
     def on_unmount(self) -> None:
-        """Stop the source (its thread, its sockets)."""
+        """Stop the source (its thread, its sockets); restore the collector's thresholds."""
+        gc.set_threshold(*self._gc_thresholds)
         try:
             self.source.stop()
         except Exception as exc:
@@ -173,7 +182,7 @@ class DdptopApp(App[int]):
         now = self.now()
         wall = time.monotonic()
         # New ranks (first data, a rank appearing) deserve findings at once, not a second later.
-        if (fresh_findings or self.replay or wall - self._last_findings >= FINDINGS_EVERY_S
+        if (fresh_findings or self.replay or wall - self._last_findings >= self._findings_every
                 or len(self.model.ranks) != self._findings_ranks):
             if self.replay or len(self.model.ranks) < BACKGROUND_FINDINGS_RANKS:
                 self.findings = findings(self.model, now)
@@ -183,29 +192,33 @@ class DdptopApp(App[int]):
         self.query_one(RankTable).set_rows(self._rows.build(self.model, now))
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
-                                       "replay" if self.replay else "live", self.paused)
+                                       "replay" if self.replay else "live", self.paused,
+                                       self._rows.statuses)
         self._dirty = False
         self._last_redraw = time.monotonic()
         self.redraws += 1
 
     def _diagnose_in_background(self, now: float) -> None:
-        # The model is only touched on the UI thread: hand the worker a copy of the moment.
+        # The worker gets its own JobModel of the moment: the current state objects (never
+        # mutated, only replaced) and each rank's history deque itself, not a copy. Copying
+        # 4096 windows of samples cost the UI thread 20-40 ms; the diagnosis reads a deque
+        # only through C-level calls (bisect, list) that hold the GIL throughout, so appends
+        # by the UI thread cannot interleave with them (see recent_samples).
         job = JobModel(job_id=self.model.job_id, world_size=self.model.world_size)
-        since = now - 2 * DiagnosisConfig().window_s
-        for rank, view in self.model.ranks.items():
-            gone = view.status(now) in GONE  # gone ranks keep their whole history
-
-            job.ranks[rank] = RankView(rank=rank, state=view.state, received_at=view.received_at,
-                                       connection=view.connection,
-                                       connection_reason=view.connection_reason,
-                                       history=deque(view.history if gone else
-                                                     recent_samples(view.history, since)))
+        job.ranks = {rank: RankView(rank=rank, state=view.state, received_at=view.received_at,
+                                    connection=view.connection,
+                                    connection_reason=view.connection_reason, history=view.history)
+                     for rank, view in self.model.ranks.items()}
         self._diagnosing = True
 
         def work() -> None:
+            began = time.monotonic()
             try:
                 found = findings(job, now)
             finally:
+                # The worker shares the GIL with the UI: keep it under about a fifth of
+                # the time however big the job (4096 ranks: ~0.2-0.4 s a diagnosis).
+                self._findings_every = max(FINDINGS_EVERY_S, 5 * (time.monotonic() - began))
                 self._diagnosing = False
             self.call_from_thread(self._show_findings, found)
 

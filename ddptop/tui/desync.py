@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ddptop.model.job import JobModel
 from ddptop.protocol import PendingOp, RankState
@@ -50,15 +51,18 @@ def default_group_seq(state: RankState) -> int | None:
 
 def oldest_pending(state: RankState) -> PendingOp | None:
     """The oldest collective the rank entered and has not completed (default group first)."""
+    if not any(g.pending for g in state.collectives):
+        return None  # the usual case, checked without building a list
     pending = [op for g in state.collectives for op in g.pending]
-    if not pending:
-        return None
     return min(pending, key=lambda op: (op.seq, -op.age_s))
 
 
-@dataclass(frozen=True, slots=True)
-class RankFacts:
-    """What the marks of one rank depend on, read once from its state (cacheable per state)."""
+class RankFacts(NamedTuple):
+    """What the marks of one rank depend on, read once from its state (cacheable per state).
+
+    A NamedTuple, not a frozen dataclass: thousands are made per redraw at 4096 ranks, and
+    a frozen dataclass's ``__init__`` costs several times a tuple's.
+    """
 
     status: str
     has_state: bool = False

@@ -13,7 +13,7 @@ from typing import Any
 
 from ddptop.model.job import JobModel, RankView
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
-from ddptop.tui.desync import RankFacts, default_group_seq, facts_of, leads_of, marks_of, oldest_pending
+from ddptop.tui.desync import RankFacts, facts_of, leads_of, marks_of
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ COLUMNS: tuple[Column, ...] = (
 COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
 
 
-@dataclass
+@dataclass(slots=True)
 class RankRow:
     """Everything one table row shows, as values (formatting happens in :func:`cells`)."""
 
@@ -77,10 +77,12 @@ class RankRow:
 
 def steps_per_second(view: RankView) -> float | None:
     """Recent training speed from the history (last ~10 s), else 1 / step time."""
-    n = len(view.history)  # index from the end: copying a 3600-sample deque per rank is too slow
-    hist = [view.history[i] for i in range(max(0, n - 11), n)]
-    if len(hist) >= 2 and hist[-1].time > hist[0].time:
-        return max(0.0, (hist[-1].step - hist[0].step) / (hist[-1].time - hist[0].time))
+    hist = view.history
+    n = len(hist)  # two indexings from the end: copying a 3600-sample deque per rank is too slow
+    if n >= 2:
+        first, last = hist[max(0, n - 11)], hist[n - 1]
+        if last.time > first.time:
+            return max(0.0, (last.step - first.step) / (last.time - first.time))
     st = view.state
     if st is not None and st.step_time_s:
         return 1.0 / st.step_time_s
@@ -104,14 +106,16 @@ class RowBuilder:
 
     def __init__(self) -> None:
         self._memo: dict[int, tuple[object, str, int, float, RankRow, RankFacts]] = {}
+        self.statuses: dict[int, str] = {}  # of the latest build, by rank (the header reuses them)
 
     def build(self, model: JobModel, now: float) -> list[RankRow]:
         """The rows of *model* at *now* (rows of unchanged ranks are reused and updated)."""
         memo, fresh = self._memo, {}
         rows: list[RankRow] = []
         facts: list[RankFacts] = []
+        statuses: dict[int, str] = {}
         for rank, view in sorted(model.ranks.items()):
-            status = view.status(now)
+            status = statuses[rank] = view.status(now)
             hist = view.history
             tail = hist[-1].time if hist else 0.0
             hit = memo.get(rank)
@@ -119,12 +123,13 @@ class RowBuilder:
                     and hit[3] == tail:
                 entry = hit
             else:
-                entry = (view.state, status, len(hist), tail, _row(view, status),
-                         facts_of(view.state, status))
+                f = facts_of(view.state, status)
+                entry = (view.state, status, len(hist), tail, _row(view, status, f), f)
             fresh[rank] = entry
             rows.append(entry[4])
             facts.append(entry[5])
         self._memo = fresh  # ranks gone from the model leave the memo too
+        self.statuses = statuses
         leads = leads_of(facts)
         for row, f in zip(rows, facts, strict=True):
             row.marks = marks_of(f, leads)
@@ -136,28 +141,31 @@ class RowBuilder:
         return sorted(rows, key=lambda r: r.rank)
 
 
-def _row(view: RankView, status: str) -> RankRow:
+def _row(view: RankView, status: str, facts: RankFacts | None = None) -> RankRow:
     st = view.state
-    row = RankRow(rank=view.rank, status=status)
     if st is None:
-        return row
-    row.host, row.step, row.epoch, row.batch = st.host, st.step, st.epoch, st.batch
-    row.batches_per_epoch, row.seq = st.batches_per_epoch, default_group_seq(st)
-    row.steps_per_s = steps_per_second(view)
-    op = oldest_pending(st)
+        return RankRow(rank=view.rank, status=status)
+    f = facts if facts is not None else facts_of(st, status)  # seq and op are computed once
+    op = f.op
+    pending_left = None
     if op is not None:
-        row.pending_op, row.pending_seq, row.pending_age_s = _short_op(op.op), op.seq, op.age_s
         timeout = op.timeout_s or next((g.timeout_s for g in st.collectives if g.timeout_s), None)
         if timeout is not None:
-            row.pending_left_s = timeout - op.age_s
-    row.data_wait, row.ready, row.cpu, row.rss = (st.data_wait_fraction, st.loader_ready_batches,
-                                                  st.cpu_percent, st.rss_bytes)
-    if st.gpu is not None:
-        row.gpu_util = st.gpu.util_percent
-        if st.gpu.mem_used_bytes is not None and st.gpu.mem_total_bytes:
-            row.gpu_mem = st.gpu.mem_used_bytes / st.gpu.mem_total_bytes
-    row.shm_used, row.shm_total = st.shm_used_bytes, st.shm_total_bytes
-    return row
+            pending_left = timeout - op.age_s
+    gpu, gpu_mem = st.gpu, None
+    if gpu is not None and gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
+        gpu_mem = gpu.mem_used_bytes / gpu.mem_total_bytes
+    # One constructor call: thousands of rows change per redraw at 4096 ranks.
+    return RankRow(
+        rank=view.rank, status=status, host=st.host, step=st.step, steps_per_s=steps_per_second(view),
+        epoch=st.epoch, batch=st.batch, batches_per_epoch=st.batches_per_epoch, seq=f.seq,
+        pending_op=_short_op(op.op) if op is not None else "",
+        pending_seq=op.seq if op is not None else None,
+        pending_age_s=op.age_s if op is not None else None, pending_left_s=pending_left,
+        data_wait=st.data_wait_fraction, ready=st.loader_ready_batches, cpu=st.cpu_percent,
+        rss=st.rss_bytes, gpu_util=gpu.util_percent if gpu is not None else None, gpu_mem=gpu_mem,
+        shm_used=st.shm_used_bytes, shm_total=st.shm_total_bytes,
+    )
 
 
 def _short_op(op: str) -> str:
@@ -212,6 +220,8 @@ def matches(row: RankRow, query: str) -> bool:
 
 def filter_rows(rows: list[RankRow], query: str) -> list[RankRow]:
     """Rows matching *query* (see :func:`matches`)."""
+    if not query.strip():
+        return list(rows)  # the usual case, at every redraw: no per-row test
     return [r for r in rows if matches(r, query)]
 
 

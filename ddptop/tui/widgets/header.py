@@ -32,8 +32,11 @@ def attach_state(statuses: dict[int, str], world_size: int) -> tuple[str, str]:
 
 
 def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = "live",
-                paused: bool = False) -> Text:
-    """The two header lines as rich Text (pure, so snapshot tests can read it)."""
+                paused: bool = False, statuses: dict[int, str] | None = None) -> Text:
+    """The two header lines as rich Text (pure, so snapshot tests can read it).
+
+    *statuses* (rank -> status word at *now*) saves recomputing them when the caller has.
+    """
     # One pass over the states, not model.snapshot(): this runs at every redraw.
     states = [v.state for _, v in sorted(model.ranks.items()) if v.state is not None]
     starts = [st.start_time for st in states if st.start_time]
@@ -41,7 +44,8 @@ def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = 
     world = max([model.world_size] + [st.world_size for st in states])
     hosts = sorted({st.host for st in states})
     backend = next((st.backend for st in states if st.backend), "")
-    state, level = attach_state(model.statuses(now), model.world_size)
+    state, level = attach_state(model.statuses(now) if statuses is None else statuses,
+                                model.world_size)
     text = Text()
     text.append(" ddptop ", style="bold reverse")
     text.append(f" job {model.job_id or '?'}", style="bold")
@@ -73,6 +77,6 @@ class JobHeader(Static):
     """Two lines at the top of the dashboard."""
 
     def show(self, model: JobModel, now: float, worst: Finding | None, mode: str = "live",
-             paused: bool = False) -> None:
+             paused: bool = False, statuses: dict[int, str] | None = None) -> None:
         """Redraw from the model at *now*."""
-        self.update(header_text(model, now, worst, mode, paused))
+        self.update(header_text(model, now, worst, mode, paused, statuses))
