@@ -124,11 +124,11 @@ def install_torch_patches(torch_module: Any, teardown_yield_s: float = 0.05) -> 
 
 
 def _patch_teardown(yield_s: float) -> list[str]:
-    """Release the GIL for a moment before ``destroy_process_group`` (torch >= 2.12 gloo).
+    """Release the GIL for a moment before ``destroy_process_group`` (torch 2.13, gloo).
 
-    Why: since torch 2.12 every backward stashes a ``contextvars`` context in thread-local
-    state that each gloo work copies, so the gloo run-loop thread needs the GIL to drop
-    the last work of the final backward. If the main thread reaches ``~ProcessGroupGloo``
+    Why: in torch 2.13 (since pytorch#173568) every backward stashes a ``contextvars``
+    context in thread-local state that each gloo work copies, so the gloo run-loop thread
+    needs the GIL to drop the last work of the final backward. If the main thread reaches ``~ProcessGroupGloo``
     (which holds the GIL while it joins that thread, typically when the DDP model is freed
     right after ``destroy_process_group``) first, the process deadlocks at exit (upstream
     pytorch#180700). A short sleep here lets the run-loop threads finish first; it costs
