@@ -1,14 +1,19 @@
 """What the reporter costs a training job: step-time overhead and per-batch / per-step cost.
 
-    .venv/bin/python bench/reporter_overhead.py [--rounds 4] [--steps 300] [--nproc 2]
+    .venv/bin/python bench/reporter_overhead.py [--rounds 4] [--steps 1000] [--nproc 2]
         [--block 600 --blocks 12 --block-jobs 2]
 
 1. A/B step time of a small DDP job (gloo, CPU): the same script run by plain
    ``torchrun`` (A) and by ``ddptop launch -- torchrun`` (B), alternating A, B, A, B...
    in one run so that machine noise hits both alike. Each job reports the median of its
-   per-step wall times (rank 0, after warm-up); the table gives the median over rounds
-   and the ratio B/A.
-2. Microbenchmarks in this process (timeit, best of several repeats, A/B interleaved):
+   per-step wall times (rank 0, after a warm-up of ~2 s that also covers the reporter's
+   one-off start-up, reported on its own); the table gives the median over rounds and
+   the ratio B/A.
+2. In-job A/B (``--block N``, default 400; 0 skips it): one job under ddptop whose
+   ranks stop and restart the reporter's sampling thread every N steps (off, on, off...),
+   in step; each "on" block is compared with its "off" neighbours in the same processes,
+   so between-job noise cancels.
+3. Microbenchmarks in this process (timeit, best of several repeats, A/B interleaved):
    the patched ``_BaseDataLoaderIter.__next__`` against the original (around a no-op,
    which isolates the hook, and on a real single-process iterator), and the optimizer
    step post hook (direct call, and ``opt.step()`` with vs without the hook).
@@ -66,13 +71,13 @@ def worker(steps: int, warmup: int, block: int = 0) -> None:
                               nn.Linear(256, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     times: list[float] = []
-    cpu0 = 0.0
+    cpu0 = rep0 = 0.0
     last = time.perf_counter()
     blocks: list[tuple[bool, list[float]]] = []
     for i, (x, y) in enumerate(loader):
         if i == warmup:
             cpu0 = time.process_time()
-            samples0, _ = reporter_samples()
+            rep0 = reporter_cpu_s()
         if block and i >= warmup and (i - warmup) % block == 0:
             sampling = ((i - warmup) // block) % 2 == 1
             set_sampling(sampling)
@@ -92,12 +97,12 @@ def worker(steps: int, warmup: int, block: int = 0) -> None:
     # less sensitive than wall time to other jobs on a shared machine.
     timed = max(1, len(times) - warmup)
     cpu = (time.process_time() - cpu0) / timed
-    samples1, sample_cost = reporter_samples()
-    rep = (samples1 - samples0) * sample_cost / timed
+    rep = (reporter_cpu_s() - rep0) / timed
     times = times[warmup:]
     if dist.get_rank() == 0:
         print(MARK + json.dumps({"median": statistics.median(times), "mean": statistics.fmean(times),
                                  "cpu": cpu, "reporter_cpu": rep, "n": len(times),
+                                 "reporter_cpu_total": rep * timed, "reporter_cpu_startup": rep0,
                                  "blocks": [[on, statistics.median(ts)] for on, ts in blocks if ts]}),
               flush=True)
     dist.destroy_process_group()
@@ -123,30 +128,42 @@ def set_sampling(on: bool) -> None:
         agent._thread = threading.Thread(target=agent._run, name="ddptop-reporter", daemon=True)
         agent._thread.start()
     elif not on and thread is not None and thread.is_alive():
+        global _retired_cpu_s
+        _retired_cpu_s = reporter_cpu_s()  # the next thread's counter starts at zero
         agent._stop.set()
         thread.join()
 
 
-def reporter_samples() -> tuple[int, float]:
-    """Samples the ddptop reporter of this process took so far, and the CPU cost of the latest.
+_retired_cpu_s = 0.0  # CPU of reporter threads stopped by set_sampling
 
-    Thread CPU clocks tick at 10 ms, coarser than a short job's whole reporter cost, so
-    the benchmark multiplies the samples taken in the timed window by the CPU time of a
-    sample (``thread_time``, measured by the reporter itself). (0, 0.0) without one.
+
+def reporter_cpu_s() -> float:
+    """CPU seconds the ddptop reporter thread of this process used so far (0.0 without one).
+
+    Read from ``/proc/self/task/<tid>/schedstat`` (nanoseconds, cumulative), because
+    ``thread_time`` can only be read by the thread itself and the per-thread tick
+    counters are 10 ms coarse: far too coarse for a sample that costs ~0.1 ms.
     """
     from ddptop.reporter import current
 
-    stats = getattr(current(), "stats", None)
-    if stats is None:
-        return 0, 0.0
-    return int(stats.samples), float(stats.sample_cost_s)
+    thread = getattr(current(), "_thread", None)
+    tid = getattr(thread, "native_id", None)
+    if tid is None or thread is None or not thread.is_alive():
+        return _retired_cpu_s
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return _retired_cpu_s + int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return _retired_cpu_s
 
 
 def run_job(with_reporter: bool, nproc: int, steps: int, warmup: int,
-            runtime_dir: str) -> tuple[float, float, float]:
-    """Run one job; rank 0's median step wall time, CPU per step, reporter CPU per step (s)."""
+            runtime_dir: str) -> tuple[float, float, float, float]:
+    """Run one job; rank 0's median step wall time, CPU per step, reporter CPU per step (s),
+    and the reporter's CPU before the timed steps (its one-off start-up, s)."""
     result = run_job_raw(with_reporter, nproc, steps, warmup, runtime_dir)
-    return float(result["median"]), float(result["cpu"]), float(result["reporter_cpu"])
+    return (float(result["median"]), float(result["cpu"]), float(result["reporter_cpu"]),
+            float(result.get("reporter_cpu_startup", 0.0)))
 
 
 def run_job_raw(with_reporter: bool, nproc: int, steps: int, warmup: int, runtime_dir: str,
@@ -297,12 +314,13 @@ def main() -> int:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4, help="A/B job pairs (default 4)")
-    parser.add_argument("--steps", type=int, default=300, help="timed steps per job")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed steps per job")
+    parser.add_argument("--steps", type=int, default=1000, help="timed steps per job")
+    parser.add_argument("--warmup", type=int, default=800,
+                        help="untimed steps per job (default ~2 s: past the reporter's one-off start-up)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per job (default 2)")
     parser.add_argument("--number", type=int, default=200_000, help="calls per microbenchmark run")
     parser.add_argument("--skip-jobs", action="store_true", help="microbenchmarks only")
-    parser.add_argument("--block", type=int, default=0,
+    parser.add_argument("--block", type=int, default=400,
                         help="in-job A/B: steps per block of reporter sampling off/on (0: skip)")
     parser.add_argument("--blocks", type=int, default=12, help="in-job A/B: blocks per job")
     parser.add_argument("--block-jobs", type=int, default=2, help="in-job A/B: jobs")
@@ -316,15 +334,17 @@ def main() -> int:
     if not args.skip_jobs:
         runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
         reporter_cpu: list[float] = []
+        reporter_startup: list[float] = []
         with tempfile.TemporaryDirectory(prefix="ddptop-bench-") as rt:
             for i in range(args.rounds):
                 # Alternate which variant goes first so slow drift does not favour one.
                 order = (False, True) if i % 2 == 0 else (True, False)
                 for with_reporter in order:
-                    wall, cpu, rep = run_job(with_reporter, args.nproc, args.steps, args.warmup, rt)
+                    wall, cpu, rep, startup = run_job(with_reporter, args.nproc, args.steps, args.warmup, rt)
                     runs[with_reporter].append((wall, cpu))
                     if with_reporter:
                         reporter_cpu.append(rep)
+                        reporter_startup.append(startup)
                     print(f"  round {i + 1} {'with   ' if with_reporter else 'without'} reporter: "
                           f"median step {wall * 1e3:8.3f} ms, cpu/step {cpu * 1e3:8.3f} ms", flush=True)
         print()
@@ -348,6 +368,8 @@ def main() -> int:
         rep_step = statistics.median(reporter_cpu)
         print(f"| reporter thread CPU per step | | {rep_step * 1e6:.2f} us "
               f"({rep_step / med[False][1] * 100:.3f} % of a step's CPU) | measured in the B jobs |")
+        print(f"| reporter start-up CPU, once (first {args.warmup} steps) | | "
+              f"{statistics.median(reporter_startup) * 1e3:.1f} ms | not in the step times |")
         print()
         print("(wall and CPU ratios include the noise of a shared machine: compare the spread of "
               "per-round values;\n the reporter thread's own CPU and the hook costs below are the "
