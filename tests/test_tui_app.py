@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from textual.pilot import Pilot
 from textual.widgets import Static
 
 from ddptop.model.job import JobModel
-from ddptop.tui.app import DdptopApp
+from ddptop.tui.app import GC_THRESHOLD_0, DdptopApp
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.widgets.rank_table import RankTable
@@ -57,11 +58,14 @@ def test_rows_header_findings_with_frozen_clock() -> None:
             header = str(app.query_one("#header", Static).render())
             assert "job jfake" in header and "4 ranks" in header and "gloo" in header
             assert "up 1m30s" in header and "connected 4/4" in header and "CRITICAL" in header
+            assert gc.get_threshold()[0] == GC_THRESHOLD_0  # no full-collection pauses at scale
             findings = str(app.query_one("#findings", Static).render())
             # Text comes from the diagnosis package when present, else from the fallback.
             assert "CRITICAL" in findings and "all_gather" in findings
         assert app.source.stopped  # type: ignore[attr-defined]
+        assert gc.get_threshold() == before  # the collector tuning ends with the app
 
+    before = gc.get_threshold()
     asyncio.run(go())
 
 

@@ -143,3 +143,16 @@ def test_row_builder_reuses_unchanged_rows_and_equals_a_fresh_build() -> None:
     assert third[3].status == "lost" and third[3] is not first[3]
     del model.ranks[2]
     assert builder.build(model, NOW + 2) == build_rows(model, NOW + 2)
+
+
+def test_header_names_backend_world_hosts_and_attach_state() -> None:
+    from ddptop.tui.widgets.header import header_text
+
+    model = model_of([state(r, host=f"node-{r}", world=6) for r in range(6)])
+    model.apply(lost(4))
+    text = header_text(model, NOW, None).plain
+    assert "job jfake · 6 ranks" in text and "· gloo · up 1m30s ·" in text
+    assert "hosts node-0, node-1, node-2, node-3 +2" in text  # 512 hosts would not fit a line
+    assert "1 lost (rank 4)" in text and "✓ no findings" in text
+    # Statuses handed in by the caller (the row builder's) are used as they are.
+    assert "connected 6/6" in header_text(model, NOW, None, statuses={r: "running" for r in range(6)}).plain
