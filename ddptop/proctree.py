@@ -42,19 +42,27 @@ def stop_tree(proc: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
 
     SIGTERM first (torchrun forwards it to the ranks, which leave their last words),
     SIGKILL after *grace_s* to the group and to every descendant seen along the way.
-    Idempotent; never raises for processes that are already gone.
+    Idempotent, and a no-op once *proc* was reaped (its pid may have been reused); never
+    raises for processes that are already gone.
     """
+    if proc.poll() is not None:
+        # Already reaped: its pid (and process group id) may belong to someone else now.
+        return
     seen: dict[int, psutil.Process] = {p.pid: p for p in descendants(proc.pid)}
-    if proc.poll() is None:
-        _signal_group(proc.pid, signal.SIGTERM)
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        seen.update({p.pid: p for p in descendants(proc.pid)})
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.kill()
         try:
             proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            seen.update({p.pid: p for p in descendants(proc.pid)})
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.kill()
-            proc.wait(timeout=grace_s)
-    _signal_group(proc.pid, signal.SIGKILL)  # stragglers left in the launcher's group
+        except subprocess.TimeoutExpired:  # stuck in the kernel (a GPU driver): move on
+            log.warning("pid %d did not die after SIGKILL", proc.pid)
+    # Stragglers left in the launcher's group: the group id is still ours, as the group
+    # leader was alive a moment ago and a group's id is not reused while it has members.
+    _signal_group(proc.pid, signal.SIGKILL)
     alive = [p for p in seen.values() if _running(p)]
     for p in alive:
         try:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import sys
+import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -441,3 +445,43 @@ def test_recent_samples_equals_a_plain_filter(times: list[float]) -> None:
         expected = [s for s in samples if s.time >= since]
         assert recent_samples(samples, since) == expected
         assert recent_samples(deque(samples, maxlen=3600), since) == expected
+
+
+def test_recent_samples_while_another_thread_appends() -> None:
+    """The background diagnosis reads deques the UI thread appends to: never an exception,
+    always the right window (the GIL switched every 10 us to provoke interleaving)."""
+    history: deque[Sample] = deque(maxlen=600)
+
+    def sample(t: float) -> Sample:
+        return Sample(time=t, step=int(t), epoch=0, batch=0, seq=0, step_time_s=None,
+                      data_wait_fraction=None, loader_ready_batches=None, cpu_percent=None,
+                      rss_bytes=None, gpu_util_percent=None)
+
+    for t in range(600):
+        history.append(sample(float(t)))
+    stop = threading.Event()
+
+    def writer() -> None:
+        t = 600.0
+        while not stop.is_set():
+            history.append(sample(t))
+            t += 1.0
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 1.5
+        calls = 0
+        while time.monotonic() < deadline:
+            newest = history[-1].time
+            tail = recent_samples(history, newest - 50)
+            assert tail and all(s.time >= newest - 50 for s in tail)
+            assert all(a.time < b.time for a, b in itertools.pairwise(tail))
+            calls += 1
+        assert calls > 100
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        sys.setswitchinterval(old)

@@ -60,12 +60,23 @@ def recent_samples(history: Sequence[Sample] | deque[Sample], since: float) -> l
 
     One C-level bisect and one C-level copy of the tail: the dashboard calls this for
     every rank once a second (a Python loop per rank cost it tens of milliseconds at 4096
-    ranks). Being C calls that never release the GIL, both are also safe on a deque that
-    the UI thread appends to meanwhile (the background diagnosis relies on it).
+    ranks). The background diagnosis calls it on deques that the UI thread appends to:
+    the GIL can change hands between making the reversed iterator and consuming it, and
+    the deque then refuses to be iterated (RuntimeError), so that case is retried, and
+    finally answered from ``list(history)``, a single C call that cannot interleave.
     """
-    start = bisect.bisect_left(history, since, key=_sample_time)
-    tail = list(islice(reversed(history), len(history) - start))
+    for _ in range(3):
+        try:
+            start = bisect.bisect_left(history, since, key=_sample_time)
+            tail = list(islice(reversed(history), len(history) - start))
+            break
+        except RuntimeError:  # deque mutated during iteration: appended meanwhile
+            continue
+    else:
+        tail = [s for s in reversed(list(history)) if s.time >= since]
     tail.reverse()
+    while tail and tail[0].time < since:  # an append between bisect and len() shifted the start
+        del tail[0]
     return tail
 
 

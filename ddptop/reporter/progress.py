@@ -128,11 +128,12 @@ def _patch_teardown(yield_s: float) -> list[str]:
 
     Why: in torch 2.13 (since pytorch#173568) every backward stashes a ``contextvars``
     context in thread-local state that each gloo work copies, so the gloo run-loop thread
-    needs the GIL to drop the last work of the final backward. If the main thread reaches ``~ProcessGroupGloo``
-    (which holds the GIL while it joins that thread, typically when the DDP model is freed
-    right after ``destroy_process_group``) first, the process deadlocks at exit (upstream
-    pytorch#180700). A short sleep here lets the run-loop threads finish first; it costs
-    the job ``yield_s`` once, at teardown. ``DDPTOP_TEARDOWN_YIELD=0`` turns it off.
+    needs the GIL to drop the last work of the final backward. If the main thread reaches
+    ``~ProcessGroupGloo`` first (it holds the GIL while it joins that thread, typically
+    when the DDP model is freed right after ``destroy_process_group``), the process
+    deadlocks at exit (upstream pytorch#180700). A short sleep here lets the run-loop
+    threads finish first; it costs the job ``yield_s`` once per call, at teardown.
+    ``DDPTOP_TEARDOWN_YIELD=0`` turns it off.
     """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d

@@ -99,13 +99,14 @@ class RowBuilder:
 
     At 4096 ranks rebuilding every row costs tens of milliseconds, while between two
     redraws only the ranks that sent a sample (or changed status) differ. A row is kept
-    while its rank's state object, status word and history tail are the same; the marks
+    while its rank's state object, status word and history (the deque, its length and
+    newest sample) are the same; the marks
     and seq lag, which depend on every rank, are recomputed each time from cached facts.
     The result equals ``build_rows`` on the same model (a test holds it to that).
     """
 
     def __init__(self) -> None:
-        self._memo: dict[int, tuple[object, str, int, float, RankRow, RankFacts]] = {}
+        self._memo: dict[int, tuple[object, str, object, int, float, RankRow, RankFacts]] = {}
         self.statuses: dict[int, str] = {}  # of the latest build, by rank (the header reuses them)
 
     def build(self, model: JobModel, now: float) -> list[RankRow]:
@@ -119,15 +120,17 @@ class RowBuilder:
             hist = view.history
             tail = hist[-1].time if hist else 0.0
             hit = memo.get(rank)
-            if hit is not None and hit[0] is view.state and hit[1] == status and hit[2] == len(hist) \
-                    and hit[3] == tail:
+            # The deque's identity too: a history reply replaces it (same length and tail
+            # possible, other samples inside the speed window).
+            if hit is not None and hit[0] is view.state and hit[1] == status and hit[2] is hist \
+                    and hit[3] == len(hist) and hit[4] == tail:
                 entry = hit
             else:
                 f = facts_of(view.state, status)
-                entry = (view.state, status, len(hist), tail, _row(view, status, f), f)
+                entry = (view.state, status, hist, len(hist), tail, _row(view, status, f), f)
             fresh[rank] = entry
-            rows.append(entry[4])
-            facts.append(entry[5])
+            rows.append(entry[5])
+            facts.append(entry[6])
         self._memo = fresh  # ranks gone from the model leave the memo too
         self.statuses = statuses
         leads = leads_of(facts)
