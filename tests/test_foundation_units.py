@@ -375,3 +375,23 @@ def test_destroy_process_group_yields_the_gil_first(yield_s: str) -> None:
     else:
         assert "destroy_process_group(yield)" in out[0] and wrapped == "True" and signature == "True"
         assert float(took) >= 0.2
+
+
+def test_reporter_server_poll_wakes_at_once() -> None:
+    """A rank's exit must not wait out the reporter's poll timeout (one sampling interval)."""
+    import threading
+    import time
+
+    from ddptop.reporter.server import ReporterServer
+
+    server = ReporterServer("127.0.0.1", 0, None, 0, "j", lambda request: request)  # type: ignore[arg-type,return-value]
+    try:
+        thread = threading.Thread(target=server.poll, args=(30.0,), daemon=True)
+        thread.start()
+        time.sleep(0.1)
+        began = time.monotonic()
+        server.wake()
+        thread.join(timeout=5.0)
+        assert not thread.is_alive() and time.monotonic() - began < 1.0
+    finally:
+        server.close()

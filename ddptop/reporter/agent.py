@@ -98,6 +98,8 @@ class Reporter:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self.server is not None:
+            self.server.wake()  # the thread may sit in a poll of up to one interval
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         try:

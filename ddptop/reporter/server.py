@@ -53,7 +53,8 @@ class ServerLoop:
 
     def __init__(self, wakeable: bool = False) -> None:
         self.selector = selectors.DefaultSelector()
-        # Only a loop polled by another thread needs waking; a rank does not pay for the pair.
+        # A loop polled by a thread that must stop promptly (a rank's reporter at exit, the
+        # synthetic job) needs waking; shared loops driven inline do not pay for the pair.
         self._wake: tuple[socket.socket, socket.socket] | None = None
         if wakeable:
             self._wake = socket.socketpair()
@@ -121,7 +122,8 @@ class ReporterServer:
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
                  handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None) -> None:
         self._owns_loop = loop is None
-        self._loop = loop if loop is not None else ServerLoop()
+        # A private loop is wakeable: the rank's exit should not wait out a poll timeout.
+        self._loop = loop if loop is not None else ServerLoop(wakeable=True)
         self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -157,6 +159,10 @@ class ReporterServer:
     def poll(self, timeout: float) -> None:
         """Serve sockets (of every server on this server's loop) for up to *timeout* seconds."""
         self._loop.poll(timeout)
+
+    def wake(self) -> None:
+        """End a :meth:`poll` in progress (from any thread) if the loop is wakeable."""
+        self._loop.wake()
 
     def broadcast(self, message: Message) -> None:
         """Queue *message* (encoded once) for every subscribed, authenticated viewer."""
