@@ -395,3 +395,32 @@ def test_reporter_server_poll_wakes_at_once() -> None:
         assert not thread.is_alive() and time.monotonic() - began < 1.0
     finally:
         server.close()
+
+
+_FSDP_CHECK = r"""
+import sys
+import torch
+from torch import nn
+from ddptop.reporter import progress
+progress.install_torch_patches(torch, 0.0)
+print("fsdp imported by the patches:", "torch.distributed.fsdp" in sys.modules)
+seen = []
+progress.PROGRESS.on_wrap = lambda label, module, device_ids: seen.append((label, type(module).__name__))
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+shell = FSDP.__new__(FSDP)          # no process group needed: only the registration matters
+nn.Module.__init__(shell)
+shell._fsdp_wrapped_module = nn.Linear(2, 2)
+holder = nn.Module()
+holder.module = nn.Linear(2, 2)     # "module" on a plain Module is not a DDP wrap
+print(seen)
+"""
+
+
+def test_wrapper_fingerprint_hook_finds_fsdp_without_importing_it() -> None:
+    """FSDP costs ~0.6 s to import: the hook must find it only once the script did."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, DDPTOP_DISABLE="1")
+    out = subprocess.run([sys.executable, "-c", _FSDP_CHECK], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out[0] == "fsdp imported by the patches: False"
+    assert out[1] == "[('FullyShardedDataParallel', 'Linear')]"
