@@ -132,8 +132,8 @@ def check_healthy(out: Path, rows: list[tuple[str, str]]) -> None:
         gpu = last.get("gpu") or {}
         rows.append(("healthy: backend", str(snaps[1]["job"].get("backend"))))
         rows.append(("healthy: gpu", json.dumps(gpu)))
-        groups = {g["pg"]: g["seq"] for g in first.get("groups", [])}
-        later = {g["pg"]: g["seq"] for g in last.get("groups", [])}
+        groups = {g["pg"]: g["seq"] for g in first.get("collectives", [])}
+        later = {g["pg"]: g["seq"] for g in last.get("collectives", [])}
         rows.append(("healthy: seq first -> later", f"{groups} -> {later}"))
         rows.append(("healthy: step first -> later", f"{first['step']} -> {last['step']}"))
         rows.append(("healthy: versions", json.dumps(last.get("versions"))))
@@ -154,7 +154,7 @@ def check_queued(out: Path, rows: list[tuple[str, str]], busy_s: float) -> None:
         while time.monotonic() < deadline and proc.poll() is None:
             _rc, snap = _ddptop(env, "snapshot", "--json")
             r = _rank0(snap)
-            pending = [op for g in (r or {}).get("groups", []) for op in g.get("pending", [])]
+            pending = [op for g in (r or {}).get("collectives", []) for op in g.get("pending", [])]
             if pending:
                 seen.append({"t": time.monotonic(), "pending": pending, "status": (r or {}).get("status")})
                 if doctor is None and len(seen) >= 3:
