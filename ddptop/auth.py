@@ -18,6 +18,15 @@ from ddptop.errors import AuthError
 
 TOKEN_ENV = "DDPTOP_TOKEN"
 TOKEN_FILE_ENV = "DDPTOP_TOKEN_FILE"
+LOOPBACK_BINDS = frozenset(("127.0.0.1", "::1", "localhost"))
+
+
+def token_for_bind(bind: str, token: str | None) -> str | None:
+    """The token a reporter bound to *bind* uses: loopback binds may go without one; any
+    other bind without one is refused (AuthError), whoever set ``DDPTOP_BIND``."""
+    if bind in LOOPBACK_BINDS or token:
+        return token
+    raise AuthError(f"binding to {bind} requires a token (set {TOKEN_ENV})")
 
 
 def new_nonce() -> str:

@@ -424,3 +424,21 @@ def test_wrapper_fingerprint_hook_finds_fsdp_without_importing_it() -> None:
                          timeout=120, check=True).stdout.splitlines()
     assert out[0] == "fsdp imported by the patches: False"
     assert out[1] == "[('FullyShardedDataParallel', 'Linear')]"
+
+
+@pytest.mark.parametrize("token", ["", "s3cret"])
+def test_rank_refuses_a_non_loopback_bind_without_a_token(token: str, tmp_path: Path) -> None:
+    """DDPTOP_BIND set by hand (not through `ddptop launch --bind`): the rank itself refuses
+    to serve an open port without a token, and the script runs on without a reporter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPTOP_")}
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", DDPTOP_BIND="0.0.0.0",
+               DDPTOP_RUNTIME_DIR=str(tmp_path), DDPTOP_TOKEN=token)
+    code = "import ddptop; print(ddptop.install()); print('training ran')"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    if token:
+        assert res.stdout.split() == ["True", "training", "ran"], res.stderr
+    else:
+        assert res.stdout.split() == ["False", "training", "ran"]
+        assert res.stderr.strip() == ("ddptop: reporter disabled in this rank: "
+                                      "binding to 0.0.0.0 requires a token (set DDPTOP_TOKEN)")

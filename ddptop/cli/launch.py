@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import ddptop
+from ddptop import auth
 from ddptop.errors import UsageError
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "_inject"
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise UsageError("nothing to launch: give a command after `--`")
-    if args.bind and args.bind not in ("127.0.0.1", "localhost", "::1") and not (
+    if args.bind and args.bind not in auth.LOOPBACK_BINDS and not (
         os.environ.get("DDPTOP_TOKEN") or os.environ.get("DDPTOP_TOKEN_FILE")
     ):
         raise UsageError(f"--bind {args.bind} exposes the job beyond this host: set DDPTOP_TOKEN first")

@@ -78,8 +78,10 @@ class Reporter:
     def start(self) -> None:
         """Bind the server, write the discovery record and start the thread."""
         cfg = self.config
-        self.server = ReporterServer(cfg.bind, cfg.port, cfg.token, cfg.rank, cfg.job_id,
-                                     self.handle)
+        # Enforced here, in the rank, not only by `ddptop launch --bind`: DDPTOP_BIND can be
+        # set by hand, and an open port without a token must never be served.
+        token = auth.token_for_bind(cfg.bind, cfg.token)
+        self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
         advertise = cfg.advertise or (cfg.bind if cfg.bind not in ("0.0.0.0", "::") else
                                       socket.gethostname())
@@ -264,12 +266,3 @@ class Reporter:
                 return FrTraceMsg(rank=self.config.rank, time=time.time(), error=str(exc),
                                   id=request.id)
         return ErrorMsg(reason=f"unsupported request {cmd!r}", id=request.id)
-
-
-def token_for_bind(bind: str, token: str | None) -> str | None:
-    """Loopback binds need no token; any other bind without one is refused."""
-    if bind in ("127.0.0.1", "::1", "localhost"):
-        return token
-    if not token:
-        raise ValueError(f"binding to {bind} requires a token (set {auth.TOKEN_ENV})")
-    return token
