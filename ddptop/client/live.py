@@ -127,11 +127,6 @@ class LiveSource:
             out[r] = FrTraceMsg(rank=r, time=time.time(), error=why)
         return out
 
-    def request_history(self, timeout: float = 5.0) -> dict[int, HistoryMsg]:
-        """Every rank's ring buffer (the recorder and export use this)."""
-        replies, _ = self._request_all("history", None, timeout)
-        return {r: m for r, m in replies.items() if isinstance(m, HistoryMsg)}
-
     def _request_all(self, command: str, ranks: Sequence[int] | None,
                      timeout: float) -> tuple[dict[int, Message], dict[int, str]]:
         futures: dict[int, Future[Message]] = {}

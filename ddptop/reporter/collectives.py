@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 from ddptop.protocol import ENQUEUE_STRIDE, CollectiveGroup, PendingOp
@@ -216,8 +215,3 @@ def pending_from_parsed(data: dict[str, Any], now: float) -> dict[str, list[Pend
     for ops in out.values():
         ops.sort(key=lambda op: op.seq)
     return out
-
-
-def wall_now() -> float:
-    """Wall clock used for ages (FR stamps ops with wall-clock nanoseconds)."""
-    return time.time()

@@ -100,11 +100,6 @@ def leads_of(facts: list[RankFacts]) -> JobLeads:
     )
 
 
-def job_leads(states: list[RankState]) -> JobLeads:
-    """Leader seq/step, the most common batches_per_epoch, ops entered at each seq."""
-    return leads_of([facts_of(st, st.status) for st in states])
-
-
 def _majority(counts: Counter[int]) -> int | None:
     top = counts.most_common(2)
     if not top or (len(top) > 1 and top[0][1] == top[1][1]):
@@ -121,11 +116,6 @@ def _seq_stuck(state: RankState) -> bool:
 
 def _step_stuck(state: RankState) -> bool:
     return bool(state.last_step_at) and state.time - state.last_step_at >= STUCK_AFTER_S
-
-
-def marks_for(state: RankState | None, status: str, leads: JobLeads) -> list[str]:
-    """The desync marks of one rank (empty when it agrees with its peers)."""
-    return marks_of(facts_of(state, status), leads)
 
 
 def marks_of(f: RankFacts, leads: JobLeads) -> list[str]:

@@ -144,12 +144,11 @@ class RowBuilder:
         return sorted(rows, key=lambda r: r.rank)
 
 
-def _row(view: RankView, status: str, facts: RankFacts | None = None) -> RankRow:
+def _row(view: RankView, status: str, facts: RankFacts) -> RankRow:
     st = view.state
     if st is None:
         return RankRow(rank=view.rank, status=status)
-    f = facts if facts is not None else facts_of(st, status)  # seq and op are computed once
-    op = f.op
+    op = facts.op  # seq and op come from the facts the marks use: computed once
     pending_left = None
     if op is not None:
         timeout = op.timeout_s or next((g.timeout_s for g in st.collectives if g.timeout_s), None)
@@ -161,7 +160,7 @@ def _row(view: RankView, status: str, facts: RankFacts | None = None) -> RankRow
     # One constructor call: thousands of rows change per redraw at 4096 ranks.
     return RankRow(
         rank=view.rank, status=status, host=st.host, step=st.step, steps_per_s=steps_per_second(view),
-        epoch=st.epoch, batch=st.batch, batches_per_epoch=st.batches_per_epoch, seq=f.seq,
+        epoch=st.epoch, batch=st.batch, batches_per_epoch=st.batches_per_epoch, seq=facts.seq,
         pending_op=_short_op(op.op) if op is not None else "",
         pending_seq=op.seq if op is not None else None,
         pending_age_s=op.age_s if op is not None else None, pending_left_s=pending_left,
