@@ -12,13 +12,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ddptop.errors import RuntimeDirError
+
 log = logging.getLogger(__name__)
 
 RUNTIME_ENV = "DDPTOP_RUNTIME_DIR"
+_SAFE_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+def is_safe_job_id(job_id: str) -> bool:
+    """True if *job_id* can name files (no path separators, no leading dot, bounded)."""
+    return bool(_SAFE_JOB_ID.match(job_id))
 
 
 @dataclass(frozen=True)
@@ -67,10 +77,33 @@ def runtime_dir(create: bool = True) -> Path:
         path = Path(tempfile.gettempdir()) / f"ddptop-{os.getuid()}"
     if create:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
-        if path.stat().st_uid == os.getuid():
-            os.chmod(path, 0o700)
+        check_private_dir(path)
     return path
+
+
+def check_private_dir(path: Path) -> None:
+    """Make sure *path* is a real directory of ours with mode 0700, or raise RuntimeDirError.
+
+    In a shared /tmp another user could create ``/tmp/ddptop-UID`` first, or a symlink
+    there, and read or redirect everything ranks write: refuse such a directory.
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise RuntimeDirError(f"runtime directory {path} is not a directory (a symlink?): refusing it")
+    if st.st_uid != os.getuid():
+        raise RuntimeDirError(f"runtime directory {path} belongs to uid {st.st_uid}, not to you: refusing it")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        # mkdir's mode is masked by umask and ignored for an existing dir: enforce it.
+        os.chmod(path, 0o700)
+
+
+def private_write(path: Path, data: bytes) -> None:
+    """Write *data* to *path* atomically, mode 0600, never following a symlink."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
 
 
 def record_path(job_id: str, rank: int, suffix: str = "json") -> Path:
@@ -84,11 +117,7 @@ def write_record(endpoint: Endpoint, directory: Path | None = None) -> Path:
         path = record_path(endpoint.job_id, endpoint.rank)
     else:
         path = directory / f"{endpoint.job_id}.{endpoint.rank}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(endpoint.to_json())
-    os.replace(tmp, path)
+    private_write(path, endpoint.to_json().encode())
     return path
 
 

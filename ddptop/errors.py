@@ -51,6 +51,15 @@ class BundleError(DdptopError):
     exit_code = 2
 
 
+class RuntimeDirError(DdptopError, OSError):
+    """The runtime directory is not safe to use (a symlink, another user's, unwritable).
+
+    Also an OSError, so code that degrades on file-system trouble (the reporter in a rank)
+    treats it like any other I/O failure."""
+
+    exit_code = 2
+
+
 class FindingsPresent(DdptopError):
     """`ddptop doctor` found something of warning severity or worse (exit 1)."""
 

@@ -58,6 +58,10 @@ class CollectiveGroup(msgspec.Struct, gc=False, kw_only=True):
     # ENQUEUE_STRIDE: every rank reports the same seqs, so a viewer can see which rank
     # enters each collective late (the straggler the others wait for).
     enqueue_times: list[tuple[int, float]] = []
+    # The last collectives the rank entered on this group, oldest first, from a fresh Flight
+    # Recorder read: filled only in last words (exception, SIGTERM, exit), where a post-mortem
+    # compares them across ranks to find the first seq at which they ran different ops.
+    recent: list[PendingOp] = []
 
 
 class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
@@ -117,6 +121,16 @@ class ReporterStats(msgspec.Struct, gc=False, kw_only=True):
     sample_cost_s: float = 0.0  # CPU time of the last sample, on the reporter thread
 
 
+class WorkerCrash(msgspec.Struct, gc=False, kw_only=True):
+    """A process forked from the rank (a DataLoader worker) that died of a fatal error."""
+
+    pid: int
+    worker_id: int | None = None  # index among the training loader's workers, when known
+    signal: str = ""  # "Segmentation fault", "Killed"...
+    stack: list[str] = []  # the faulting thread's frames, innermost first (faulthandler)
+    crash_file: str = ""  # base name of its crash file on the rank's host
+
+
 class RankState(msgspec.Struct, gc=False, kw_only=True):
     """Everything one rank reports, at one moment. The ``snapshot --json`` schema."""
 
@@ -163,6 +177,12 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     crash_file: str = ""
     exit_reason: str = ""  # exception or signal the rank died of, when it told us
     reporter: ReporterStats = msgspec.field(default_factory=ReporterStats)
+    # How the process ended, as the node agent (ddptop launch) saw it from outside: filled by
+    # viewers from RankExit events, never by the rank itself.
+    exit_code: int | None = None  # exit code, when it exited by itself
+    exit_signal: str = ""  # "SIGSEGV", "SIGTERM"... when a signal ended it
+    exited_at: float = 0.0  # wall clock of the exit, as the agent saw it
+    worker_crashes: list[WorkerCrash] = []  # forked children that died (agent-filled)
 
 
 class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):
@@ -282,6 +302,22 @@ class RecordEntry(msgspec.Struct, gc=False, tag="record", kw_only=True):
     message: StateMsg | HistoryMsg | StacksMsg | FrTraceMsg | ErrorMsg
 
 
+class RankExit(msgspec.Struct, gc=False, tag="exit", kw_only=True):
+    """A rank's process ended, as the node agent saw it from outside (it outlives the ranks).
+
+    ``exit_code`` is the code of a process that exited by itself; ``signal`` the name of the
+    signal that killed it ("SIGSEGV"). Both are empty when the process was reaped by someone
+    else before the agent could read its status (then only "it is gone" is known).
+    """
+
+    time: float  # wall clock of the exit
+    rank: int
+    pid: int
+    host: str = ""
+    exit_code: int | None = None
+    signal: str = ""
+
+
 class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):
     """A viewer-side change of a rank's reachability (recorded so replay sees it)."""
 
@@ -303,4 +339,5 @@ Message = (
     | ErrorMsg
     | RecordEntry
     | ConnectionEvent
+    | RankExit
 )

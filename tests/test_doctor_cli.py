@@ -9,7 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddptop.cli import doctor
+from ddptop.bundle.format import SCHEMA_VERSION, Manifest
+from ddptop.bundle.writer import BundleWriter
 from ddptop.cli.main import main
 from ddptop.diagnosis import KINDS, FindingsReport
 from ddptop.protocol import RankState, RecordEntry, StateMsg
@@ -54,23 +55,25 @@ def test_doctor_bad_watch_exit_2(runtime_dir: Path, capsys: pytest.CaptureFixtur
     assert "--watch" in capsys.readouterr().err
 
 
-def _fake_state(rank: int, batches: int) -> RankState:
-    return RankState(rank=rank, local_rank=rank, world_size=3, host="h", pid=1 + rank, job_id="fake",
+def _state(rank: int, batches: int) -> RankState:
+    return RankState(rank=rank, local_rank=rank, world_size=3, host="h", pid=1 + rank, job_id="rec",
                      time=100.0, start_time=1.0, batches_per_epoch=batches)
 
 
-def test_doctor_exit_1_and_json_on_findings(monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from ddptop.model.job import JobModel
+def _recording(path: Path, counts: list[int]) -> Path:
+    """A real recording (the writer `ddptop record` uses) of ranks with these batch counts."""
+    manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=99.0, job_id="rec",
+                        world_size=len(counts), ddptop_version="test")
+    writer = BundleWriter(path, manifest)
+    for r, n in enumerate(counts):
+        writer.write(RecordEntry(time=100.0, rank=r, message=StateMsg(state=_state(r, n))))
+    writer.close("test")
+    return path
 
-    def fake_observe(target: str | None, watch: float) -> tuple[JobModel, float]:
-        model = JobModel()
-        for r, n in ((0, 1250), (1, 1248), (2, 1250)):
-            model.apply(RecordEntry(time=100.0, rank=r, message=StateMsg(state=_fake_state(r, n))))
-        return model, 100.5
 
-    monkeypatch.setattr(doctor, "observe", fake_observe)
-    assert main(["doctor", "--json", "fake"]) == 1
+def test_doctor_exit_1_and_json_on_findings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _recording(tmp_path / "rec.ddptop", [1250, 1248, 1250])
+    assert main(["doctor", "--json", str(path)]) == 1
     out = capsys.readouterr()
     doc = json.loads(out.out)
     assert [f["kind"] for f in doc["findings"]] == ["unequal_batches"]
@@ -78,24 +81,12 @@ def test_doctor_exit_1_and_json_on_findings(monkeypatch: pytest.MonkeyPatch,
     assert "unequal_batches" in out.err
 
 
-def test_doctor_file_target_uses_bundle_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    import sys
-    import types
-
-    from ddptop.model.job import JobModel
-
-    path = tmp_path / "rec.ddptop"
-    path.write_bytes(b"x")
-    model = JobModel()
-    model.apply(RecordEntry(time=100.0, rank=0, message=StateMsg(state=_fake_state(0, 10))))
-    fake = types.ModuleType("ddptop.bundle.reader")
-    fake.load_model = lambda p: (model, 100.0)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ddptop.bundle.reader", fake)
+def test_doctor_file_target_healthy_and_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _recording(tmp_path / "ok.ddptop", [1250, 1250, 1250])
     assert main(["doctor", "--json", str(path)]) == 0
     assert json.loads(capsys.readouterr().out)["findings"] == []
-
-    # None in sys.modules makes the import fail as a missing module does.
-    monkeypatch.setitem(sys.modules, "ddptop.bundle.reader", None)
-    assert main(["doctor", str(path)]) == 2
-    assert "reading bundles is not available" in capsys.readouterr().err
+    bad = tmp_path / "bad.ddptop"
+    bad.write_bytes(b"DDPTOP\x00\x63garbage")
+    assert main(["doctor", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddptop: ") and "Traceback" not in err

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ddptop import __version__, auth, discovery
 from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, Event, FindingsRecord, HostFacts, Manifest
+from ddptop.bundle.reader import build_model, end_time
+from ddptop.bundle.record_dir import read_recording
 from ddptop.bundle.replay_source import findings_at
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource
@@ -220,6 +222,49 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
                          answered=[s.rank for s in sorted(states, key=lambda s: s.rank)],
                          unanswered=unanswered, frames=writer.frames, size_bytes=writer.bytes_written,
                          seconds=time.monotonic() - began, findings=len(findings.findings))
+
+
+def export_record(target: JobTarget, path: str | os.PathLike[str],
+                  progress: Progress | None = None) -> ExportSummary:
+    """A bundle of a job that has ended, from the black-box record its node agent kept.
+
+    Everything the record holds (its full-rate last minutes and the thinned history before
+    them), the ranks' crash files, host facts from their final states and the findings at
+    the moment the record ends: the same bundle an export of the live job would have been.
+    """
+    assert target.record is not None
+    began = time.monotonic()
+    report: Progress = progress or (lambda stage, done, total: None)
+    contents = read_recording(target.record)
+    model = build_model(contents)
+    end = end_time(contents)
+    states = [v.state for v in model.ranks.values() if v.state is not None]
+    world = max(target.world_size, model.world_size)
+    manifest = Manifest(schema_version=SCHEMA_VERSION, kind="bundle", created=time.time(),
+                        job_id=target.job_id, world_size=world, ddptop_version=__version__,
+                        hosts=sorted({s.host for s in states}), unanswered={},
+                        note=f"exported from the record of an ended job ({len(contents.events)} events)")
+    findings = _findings(model, end)
+    report("writing", 0, 1)
+    writer = BundleWriter(path, manifest, atomic=True, flush_interval_s=3600.0)
+    try:
+        for event in contents.events:
+            writer.write(event)
+        for facts in host_facts(states):
+            writer.write(facts)
+        for crash in contents.crash_files.values():
+            writer.write(crash)
+        writer.write(findings)
+        writer.close("export of an ended job")
+    except BaseException:
+        writer.abort()
+        raise
+    report("writing", 1, 1)
+    return ExportSummary(path=Path(path), job_id=target.job_id, world_size=world,
+                         answered=sorted(s.rank for s in states), unanswered={},
+                         frames=writer.frames, size_bytes=writer.bytes_written,
+                         seconds=time.monotonic() - began, findings=len(findings.findings),
+                         notes=["from the record of an ended job"])
 
 
 def _findings(model: JobModel, now: float) -> FindingsRecord:

@@ -5,8 +5,8 @@ Layout (see ``docs/bundle-format.md``)::
     file    = gzip member, gzip member, ...   (or the raw stream, uncompressed)
     stream  = b"DDPTOP" + u16 protocol version, then frames
     frame   = u32 big-endian length + msgpack(Frame)
-    frames  = Manifest, then RecordEntry / ConnectionEvent / HostFacts / CrashFile /
-              FindingsRecord ..., and an EndMarker when the writer closed cleanly
+    frames  = Manifest, then RecordEntry / ConnectionEvent / RankExit / HostFacts /
+              CrashFile / FindingsRecord ..., and an EndMarker when the writer closed cleanly
 
 Each gzip member is complete and independent, and the writer flushes one at least every
 second, so a killed recorder leaves every member but the last intact. Frames other than
@@ -22,7 +22,7 @@ from typing import Literal
 import msgspec
 
 from ddptop.diagnosis.finding import Finding
-from ddptop.protocol import ConnectionEvent, RecordEntry
+from ddptop.protocol import ConnectionEvent, RankExit, RecordEntry
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,9 @@ class EndMarker(msgspec.Struct, tag="end", kw_only=True):
     frames: int = 0
 
 
-Frame = Manifest | RecordEntry | ConnectionEvent | HostFacts | CrashFile | FindingsRecord | EndMarker
-Event = RecordEntry | ConnectionEvent
+Frame = (Manifest | RecordEntry | ConnectionEvent | HostFacts | CrashFile | FindingsRecord | EndMarker
+         | RankExit)
+Event = RecordEntry | ConnectionEvent | RankExit
 
 encoder = msgspec.msgpack.Encoder()
 decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)

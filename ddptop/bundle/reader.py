@@ -25,7 +25,7 @@ from ddptop.bundle import format as fmt
 from ddptop.bundle.format import CrashFile, EndMarker, Event, FindingsRecord, Frame, HostFacts, Manifest
 from ddptop.errors import BundleError
 from ddptop.model.job import JobModel
-from ddptop.protocol import PROTOCOL_VERSION, ConnectionEvent, HistoryMsg, RecordEntry, StateMsg
+from ddptop.protocol import PROTOCOL_VERSION, ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
 from ddptop.wire import HEADER, LENGTH, MAGIC
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def _validate(frame: Frame, index: int) -> None:
                 _check_time(s.time, what)
         elif hasattr(msg, "rank"):
             _check_rank(msg.rank, what)
-    elif isinstance(frame, ConnectionEvent):
+    elif isinstance(frame, ConnectionEvent | RankExit):
         _check_time(frame.time, what)
         _check_rank(frame.rank, what)
     elif isinstance(frame, CrashFile):
@@ -235,7 +235,7 @@ def _read_file(p: Path) -> Contents:
 def _place(contents: Contents, frame: Frame) -> None:
     if contents.end is not None:
         raise BundleError("frames follow the end marker")
-    if isinstance(frame, RecordEntry | ConnectionEvent):
+    if isinstance(frame, RecordEntry | ConnectionEvent | RankExit):
         contents.events.append(frame)
     elif isinstance(frame, Manifest):
         raise BundleError("a second manifest inside the file")

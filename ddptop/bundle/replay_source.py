@@ -17,7 +17,8 @@ from collections import deque
 from collections.abc import Sequence
 
 from ddptop.bundle.format import Event, Manifest
-from ddptop.bundle.reader import Contents, end_time, read_file
+from ddptop.bundle.reader import Contents, end_time
+from ddptop.bundle.record_dir import read_recording
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import HISTORY_LEN, JobModel
 from ddptop.protocol import FrTraceMsg
@@ -58,7 +59,7 @@ class ReplaySource:
 
     def __init__(self, path: str | os.PathLike[str],
                  checkpoint_every: int = CHECKPOINT_EVERY) -> None:
-        self.contents: Contents = read_file(path)
+        self.contents: Contents = read_recording(path)
         self.manifest: Manifest = self.contents.manifest
         self.warnings: list[str] = list(self.contents.warnings)
         self.description = (f"{self.manifest.kind} of job {self.manifest.job_id} "

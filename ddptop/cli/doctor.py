@@ -3,14 +3,14 @@
 Attaches to every rank (one selector thread, :class:`~ddptop.client.live.LiveSource`),
 folds what arrives into a :class:`~ddptop.model.job.JobModel` for up to SECONDS, then
 prints the findings of :func:`ddptop.diagnosis.diagnose`. A TARGET that is a file is read
-as a recording or bundle instead. Exit 0 when nothing of warning or worse was found,
-1 when something was, 2 on an error.
+as a recording or bundle instead, and a job that has ended is read from the black-box
+record its node agent kept (the same findings, the same exit codes). Exit 0 when nothing
+of warning or worse was found, 1 when something was, 2 on an error.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import threading
@@ -18,7 +18,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import msgspec
 from rich.console import Console
@@ -26,8 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ddptop import auth
+from ddptop.bundle.record_dir import load_recording_model
 from ddptop.client.live import LiveSource
-from ddptop.client.targets import resolve
+from ddptop.client.targets import JobTarget, resolve
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
 from ddptop.errors import DdptopError, FindingsPresent, UsageError
 from ddptop.model.job import JobModel
@@ -59,10 +59,15 @@ def run(args: argparse.Namespace) -> int:
     watch = float(args.watch)
     if not 0 < watch <= MAX_WATCH_S:
         raise UsageError(f"--watch must be between 0 and {MAX_WATCH_S:g} seconds, not {args.watch}")
-    if args.target and Path(args.target).is_file():
-        model, now = _load_bundle(Path(args.target))
+    if args.target and Path(args.target).exists():
+        model, now = load_recording_model(Path(args.target))
     else:
-        model, now = observe(args.target, watch)
+        target = resolve(args.target)
+        if target.ended:
+            assert target.record is not None
+            model, now = load_recording_model(target.record)
+        else:
+            model, now = observe(target, watch)
     findings = findings_for_model(model, now)
     report = FindingsReport(findings=findings, job_id=model.job_id, time=now)
     if args.json:
@@ -78,29 +83,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_bundle(path: Path) -> tuple[JobModel, float]:
-    # Imported lazily: bundles are optional for a live doctor, and the reader may not exist.
-    try:
-        reader = importlib.import_module("ddptop.bundle.reader")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("ddptop.bundle", "ddptop.bundle.reader"):
-            raise UsageError("reading bundles is not available") from None
-        raise
-    load = getattr(reader, "load_model", None)
-    if load is None:
-        raise UsageError("reading bundles is not available")
-    model, end = cast(Callable[[Path], tuple[JobModel, float]], load)(path)
-    return model, float(end)
-
-
-def observe(target_text: str | None, watch_s: float,
+def observe(target: JobTarget, watch_s: float,
             clock: Callable[[], float] = time.time) -> tuple[JobModel, float]:
     """Attach to a live job, fold its events for up to *watch_s*; return the model and the time.
 
     Stops early once every rank has sent ``MIN_STATES`` states (or is gone): by then each
     rank's history and current state are in, and waiting longer adds nothing to a snapshot.
     """
-    target = resolve(target_text)
     model = JobModel(job_id=target.job_id, world_size=target.world_size)
     lock = threading.Lock()
     states: Counter[int] = Counter()

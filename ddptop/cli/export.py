@@ -1,7 +1,9 @@
-"""``ddptop export -o FILE [TARGET]``: a diagnosis bundle of a live job, in one file.
+"""``ddptop export -o FILE [TARGET]``: a diagnosis bundle of a job, in one file.
 
-Progress goes to stderr while ranks are collected; ranks that do not answer are listed
-in the summary (and the bundle's manifest) and make the exit code 3, never a failure.
+Of a live job: progress goes to stderr while ranks are collected; ranks that do not answer
+are listed in the summary (and the bundle's manifest) and make the exit code 3, never a
+failure. Of a job that has ended (it crashed a moment ago, say): the bundle is written from
+the black-box record its node agent kept.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from ddptop.bundle.export import export_bundle
+from ddptop.bundle.export import export_bundle, export_record
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
 
@@ -33,6 +35,9 @@ def _progress(stage: str, done: int, total: int) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the bundle, print a one-line summary; exit 3 if some ranks did not answer."""
     target = resolve(args.target, store_timeout_s=args.timeout)
+    if target.ended:
+        print(export_record(target, args.output, progress=_progress).line(), file=sys.stderr)
+        return 0
     summary = export_bundle(target, args.output, progress=_progress if sys.stderr else None,
                             timeout=args.timeout)
     print(summary.line(), file=sys.stderr)

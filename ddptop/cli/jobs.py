@@ -1,4 +1,10 @@
-"""``ddptop jobs``: the jobs whose ranks announced themselves on this host."""
+"""``ddptop jobs``: the jobs on this host, running and ended, and how each rank ended.
+
+Running jobs come from their ranks' discovery records; ended jobs from the record their
+node agent (``ddptop launch``) kept. ``--prune`` applies retention now (ended jobs older
+than ``DDPTOP_KEEP_DAYS`` days, then the oldest while all records exceed ``DDPTOP_KEEP_MB``;
+``--keep-days`` / ``--keep-mb`` override).
+"""
 
 from __future__ import annotations
 
@@ -6,34 +12,31 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from ddptop import discovery
-from ddptop.textfmt import human_duration, rank_ranges
+from ddptop.agent import jobrecord
+from ddptop.agent.jobrecord import JobRecord
+from ddptop.errors import UsageError
+from ddptop.textfmt import human_bytes, human_duration, rank_ranges
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add jobs' options."""
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--all", action="store_true", help="include jobs whose ranks are all gone")
+    parser.add_argument("--all", action="store_true",
+                        help="also list jobs that left no record (ranks started without `ddptop launch`)")
+    parser.add_argument("--prune", action="store_true", help="remove old ended jobs' records now")
+    parser.add_argument("--keep-days", type=float, default=None, help="with --prune: age limit in days")
+    parser.add_argument("--keep-mb", type=float, default=None, help="with --prune: total size limit in MB")
 
 
 def run(args: argparse.Namespace) -> int:
-    """List jobs; exit 0 even when there are none (an empty list is an answer)."""
-    live = discovery.jobs_on_host()
-    every = discovery.jobs_on_host(include_stale=True)
-    names = sorted(every if args.all else live)
-    now = time.time()
-    rows: list[dict[str, Any]] = []
-    for job in names:
-        alive = live.get(job, [])
-        ranks = every.get(job, [])
-        world = max(e.world_size for e in ranks)
-        started = min(e.start_time for e in ranks)
-        rows.append({"job_id": job, "world_size": world, "alive": len(alive),
-                     "ranks": [e.rank for e in alive], "pids": [e.pid for e in alive],
-                     "ports": [e.port for e in alive], "hosts": sorted({e.host for e in ranks}),
-                     "start_time": started})
+    """List jobs (or prune); exit 0 even when there are none (an empty list is an answer)."""
+    if args.prune:
+        return _prune(args)
+    rows = job_rows(include_unrecorded=args.all, now=time.time())
     if args.json:
         json.dump({"jobs": rows}, sys.stdout)
         sys.stdout.write("\n")
@@ -41,10 +44,78 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no ddptop jobs on this host (runtime dir {discovery.runtime_dir(False)})")
         return 0
-    print(f"{'JOB':<20} {'RANKS':>9} {'ALIVE':<12} {'UPTIME':>8}  HOST:PORTS")
+    print(f"{'JOB':<20} {'STATE':<8} {'RANKS':>9} {'STARTED':>8} {'RAN':>8} {'RECORD':>8}  OUTCOME")
+    now = time.time()
     for row in rows:
-        ports = ",".join(str(p) for p in row["ports"][:8]) + ("..." if len(row["ports"]) > 8 else "")
-        print(f"{row['job_id']:<20} {row['alive']:>4}/{row['world_size']:<4} "
-              f"{rank_ranges(row['ranks']) or '-':<12} {human_duration(now - row['start_time']):>8}  "
-              f"{','.join(row['hosts'])}:{ports}")
+        ran = (row["end_time"] or now) - row["start_time"]
+        print(f"{row['job_id']:<20} {row['state']:<8} {row['alive']:>4}/{row['world_size']:<4} "
+              f"{human_duration(now - row['start_time']):>8} {human_duration(ran):>8} "
+              f"{human_bytes(row['record_bytes']) if row['record_bytes'] else '-':>8}  {row['outcome_text']}")
+    return 0
+
+
+def job_rows(include_unrecorded: bool, now: float) -> list[dict[str, Any]]:
+    """One dict per job (the ``--json`` document; fields are a public interface: add only)."""
+    live = discovery.jobs_on_host()
+    every = discovery.jobs_on_host(include_stale=True)
+    records = {r.job_id: r for r in jobrecord.list_records()}
+    names = set(live) | set(records) | (set(every) if include_unrecorded else set())
+    rows = [_row(job, live.get(job, []), every.get(job, []), records.get(job)) for job in names]
+    return sorted(rows, key=lambda r: (r["start_time"], r["job_id"]))
+
+
+def _row(job: str, alive: list[discovery.Endpoint], ranks: list[discovery.Endpoint],
+         record: JobRecord | None) -> dict[str, Any]:
+    starts = [e.start_time for e in ranks if e.start_time] + ([record.start_time] if record else [])
+    outcome = [{"rank": o.rank, "pid": o.pid, "status": o.status, "exit_code": o.exit_code,
+                "signal": o.signal, "time": o.time} for o in (record.ranks if record else [])]
+    if alive:
+        state = "running"
+    elif record is not None and not record.end_time and record.ended:
+        state = "orphaned"  # the agent died without closing the record
+    else:
+        state = "ended"
+    hosts = {e.host for e in ranks} | ({record.host} if record else set())
+    world = max([e.world_size for e in ranks] + [record.world_size if record else 0])
+    return {
+        "job_id": job, "world_size": world,
+        "alive": len(alive), "ranks": [e.rank for e in alive], "pids": [e.pid for e in alive],
+        "ports": [e.port for e in alive], "hosts": sorted(hosts),
+        "start_time": min(starts) if starts else 0.0,
+        # added with the black box:
+        "state": state, "end_time": record.end_time if record else 0.0,
+        "exit_code": record.exit_code if record else None, "command": record.command if record else [],
+        "record_bytes": record.record_bytes if record else 0, "outcome": outcome,
+        "outcome_text": _outcome_text(record, alive),
+    }
+
+
+def _outcome_text(record: JobRecord | None, alive: list[discovery.Endpoint]) -> str:
+    if record is None:
+        return f"running: ranks {rank_ranges(e.rank for e in alive)}" if alive else "no record"
+    counts = Counter(o.status for o in record.ranks)
+    parts: list[str] = []
+    for o in sorted(record.ranks, key=lambda o: (o.time or float("inf"), o.rank)):
+        if o.status in ("crashed", "terminated", "lost") and len(parts) < 3:
+            how = o.signal or (f"exit {o.exit_code}" if o.exit_code is not None else "")
+            parts.append(f"rank {o.rank} {o.status}" + (f" ({how})" if how else ""))
+    for status in ("torn_down", "exited", "running"):
+        if counts[status]:
+            parts.append(f"{counts[status]} {status.replace('_', ' ')}")
+    return ", ".join(parts) or "no rank seen"
+
+
+def _prune(args: argparse.Namespace) -> int:
+    max_age, max_bytes = jobrecord.retention_from_env()
+    if args.keep_days is not None:
+        if args.keep_days < 0:
+            raise UsageError("--keep-days must be >= 0")
+        max_age = args.keep_days * 86400.0
+    if args.keep_mb is not None:
+        if args.keep_mb < 0:
+            raise UsageError("--keep-mb must be >= 0")
+        max_bytes = args.keep_mb * 1024 * 1024
+    result = jobrecord.prune(max_age, max_bytes)
+    print(f"pruned {len(result.removed)} job(s), freed {human_bytes(result.freed_bytes)}; "
+          f"{result.kept} kept" + (f": removed {', '.join(result.removed)}" if result.removed else ""))
     return 0

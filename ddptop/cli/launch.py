@@ -4,6 +4,11 @@ The reporter is injected through a ``sitecustomize`` on PYTHONPATH: every Python
 of the job loads it, and it starts the reporter only where RANK is set. The training
 script is not changed. Signals are forwarded to the command's process group, and the
 command's exit code is ours.
+
+This process is also the job's node agent (:mod:`ddptop.agent.node`): it outlives the
+ranks, sees how each one ended and keeps the job's black-box record, which ``ddptop
+jobs``, ``doctor``, ``replay`` and ``export`` read once the job is gone. Old records are
+pruned when a job starts (``DDPTOP_KEEP_DAYS``, ``DDPTOP_KEEP_MB``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ import uuid
 from pathlib import Path
 
 import ddptop
-from ddptop import auth
+from ddptop import auth, discovery
+from ddptop.agent import jobrecord
+from ddptop.agent.node import NodeAgent
+from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.errors import UsageError
+from ddptop.textfmt import rank_ranges
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "_inject"
 PACKAGE_PARENT = Path(ddptop.__file__).resolve().parent.parent
@@ -30,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", help="address ranks serve on (default 127.0.0.1; "
                         "anything else needs DDPTOP_TOKEN)")
     parser.add_argument("--interval", type=float, help="sampling interval in seconds (default 1)")
+    parser.add_argument("--record-mb", type=float, default=None,
+                        help=f"size cap of the job's black-box record in MB (default $DDPTOP_RECORD_MB or "
+                             f"{DEFAULT_CAP_BYTES >> 20}; 0 turns recording off)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command, after `--` (e.g. torchrun --nproc-per-node 4 train.py)")
 
@@ -43,6 +55,7 @@ def job_env(base: dict[str, str], job_id: str, bind: str | None = None,
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["DDPTOP_JOB_ID"] = job_id
+    env["DDPTOP_AGENT_PID"] = str(os.getpid())
     env.pop("DDPTOP_OWNER_PID", None)
     if bind:
         env["DDPTOP_BIND"] = bind
@@ -68,11 +81,19 @@ def run(args: argparse.Namespace) -> int:
     ):
         raise UsageError(f"--bind {args.bind} exposes the job beyond this host: set DDPTOP_TOKEN first")
     job_id = args.job_id or new_job_id()
+    if not discovery.is_safe_job_id(job_id):
+        raise UsageError(f"--job-id {job_id[:40]!r}: use letters, digits, '_', '.', '-' (at most 64)")
+    cap = record_cap(args.record_mb)
+    discovery.runtime_dir()  # refuses an unsafe runtime directory before anything starts
+    _prune_quietly(job_id)
+    agent = NodeAgent(job_id, command, cap, record=cap > 0)
     env = job_env(dict(os.environ), job_id, args.bind, args.interval)
     print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
+    agent.start()
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:
+        agent.finish(None, grace_s=0)
         raise UsageError(f"cannot start {command[0]}: {exc.strerror}") from None
 
     def forward(signum: int, _frame: object) -> None:
@@ -80,4 +101,37 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
-    return proc.wait()
+    code = proc.wait()
+    record = agent.finish(code)
+    failed = [o for o in record.ranks if o.status not in ("exited", "running")]
+    if code != 0 or failed:
+        culprit = agent.model.first_failure()
+        first = f"rank {culprit.rank} {culprit.status} first; " if culprit is not None else ""
+        torn = [o.rank for o in failed if o.status == "torn_down"]
+        down = f"{rank_ranges(torn)} torn down; " if torn else ""
+        print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
+              file=sys.stderr)
+    return code
+
+
+def record_cap(option_mb: float | None) -> int:
+    """The black box's size cap in bytes (the option, else $DDPTOP_RECORD_MB, else the default)."""
+    raw: float | str | None = option_mb if option_mb is not None else os.environ.get("DDPTOP_RECORD_MB")
+    if raw is None or raw == "":
+        return DEFAULT_CAP_BYTES
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise UsageError(f"DDPTOP_RECORD_MB={raw!r} is not a number of megabytes") from None
+    if mb < 0:
+        raise UsageError(f"the record size cap must be >= 0 MB, not {mb:g}")
+    return int(mb * 1024 * 1024)
+
+
+def _prune_quietly(current: str) -> None:
+    # Retention is housekeeping: it must never stop a job from starting.
+    try:
+        max_age, max_bytes = jobrecord.retention_from_env()
+        jobrecord.prune(max_age, max_bytes, keep=frozenset((current,)))
+    except OSError as exc:
+        print(f"ddptop: old job records not pruned: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``ddptop replay FILE``: open a recording or bundle in the dashboard (same app, replay source).
+"""``ddptop replay FILE|JOB``: open a recording, a bundle or an ended job's record in the dashboard.
 
 ``--info`` prints what the file holds instead (no terminal UI): handy in scripts and to
 check a file. A damaged recording opens up to the damage, with a warning on stderr.
@@ -11,16 +11,19 @@ import importlib
 import logging
 import sys
 import time
+from pathlib import Path
 
 from ddptop.bundle.replay_source import ReplaySource
-from ddptop.errors import UsageError
+from ddptop.client.targets import resolve
+from ddptop.errors import TargetNotFound, UsageError
 
 log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add replay's options."""
-    parser.add_argument("file", help="a recording (ddptop record) or bundle (ddptop export)")
+    parser.add_argument("file", help="a recording (ddptop record), a bundle (ddptop export), or the id of "
+                                     "a job on this host (its black-box record)")
     parser.add_argument("--info", action="store_true", help="print what the file holds and exit")
 
 
@@ -48,7 +51,13 @@ def describe(source: ReplaySource) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load the file (errors are one line), then open the dashboard on it."""
-    source = ReplaySource(args.file)
+    path = Path(args.file)
+    if not path.exists():
+        target = resolve(args.file)
+        if target.record is None:
+            raise TargetNotFound(f"job {target.job_id} left no record on this host (recording was off?)")
+        path = target.record
+    source = ReplaySource(path)
     for warning in source.warnings:
         print(f"ddptop: warning: {args.file}: {warning}", file=sys.stderr)
     if args.info:

@@ -23,7 +23,7 @@ from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import RankState, StateMsg
-from ddptop.reporter.crash import crash_signal
+from ddptop.remains import crash_signal
 
 log = logging.getLogger(__name__)
 

@@ -41,6 +41,7 @@ from ddptop.protocol import (
     StateMsg,
 )
 from ddptop.source import Emit, StacksResult
+from ddptop.status import FINAL
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class LiveSource:
         # A set, not a scan of every peer per wake-up: at 4096 ranks that scan was ~40 %
         # of the ingest CPU.
         self._queued: set[int] = set()
+        self._to_connect: list[Endpoint] = []  # added after start, connected by the thread
         self._next_id = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -95,6 +97,13 @@ class LiveSource:
             self._connect(endpoint)
         self._thread = threading.Thread(target=self._run, name="ddptop-live", daemon=True)
         self._thread.start()
+
+    def add_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        """Connect to ranks that appeared after :meth:`start` (thread-safe; the node agent
+        starts before any rank exists)."""
+        with self._lock:
+            self._to_connect.extend(endpoints)
+        self._wake()
 
     def stop(self) -> None:
         """Close every connection and end the thread."""
@@ -180,6 +189,11 @@ class LiveSource:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._to_connect:
+                with self._lock:
+                    new, self._to_connect = self._to_connect, []
+                for endpoint in new:
+                    self._connect(endpoint)
             if self._queued:
                 with self._lock:
                     for rank in self._queued:
@@ -291,7 +305,7 @@ class LiveSource:
         if was_ready:
             # The rank may have left last words on the way out (same host only).
             state = last_words(peer.endpoint)
-            if state.status in ("crashed", "exited"):
+            if state.status in FINAL:
                 self._deliver(RecordEntry(time=now, rank=rank, message=StateMsg(state=state)))
         self._deliver(ConnectionEvent(time=now, rank=rank, status=LOST, reason=reason))
 

@@ -1,7 +1,8 @@
 """Resolve what the user named (nothing, a job id, HOST:PORT) into rank endpoints.
 
-* nothing: the only job with live ranks on this host;
-* a job id (or a unique prefix of one): that job's records on this host;
+* nothing: the only job with live ranks on this host, else the job that ended last;
+* a job id (or a unique prefix of one): that job's records on this host, live or ended
+  (an ended job is read from the black-box record its node agent kept);
 * HOST:PORT: the job's TCPStore (MASTER_ADDR:MASTER_PORT), where every rank of every
   node published its endpoint. Reading it needs torch on the viewer's machine.
 """
@@ -10,10 +11,14 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 from ddptop import discovery
+from ddptop.agent import jobrecord
+from ddptop.agent.jobrecord import JobRecord
 from ddptop.discovery import Endpoint
 from ddptop.errors import TargetNotFound, UsageError
 
@@ -30,6 +35,12 @@ class JobTarget:
     world_size: int
     endpoints: list[Endpoint]
     dead: list[Endpoint] = field(default_factory=list)
+    record: Path | None = None  # the job's black-box record directory, when its agent kept one
+
+    @property
+    def ended(self) -> bool:
+        """True when no rank is alive and only the record can tell about the job."""
+        return not self.endpoints and self.record is not None
 
     @property
     def missing_ranks(self) -> list[int]:
@@ -45,10 +56,7 @@ def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
     live = discovery.jobs_on_host()
     if target is None:
         if not live:
-            raise TargetNotFound(
-                f"no ddptop job is running on this host (looked in {discovery.runtime_dir(False)}); "
-                "start one with `ddptop launch -- torchrun ...`"
-            )
+            return _latest_ended()
         if len(live) > 1:
             raise TargetNotFound(
                 f"{len(live)} jobs run on this host ({', '.join(sorted(live))}); name one"
@@ -56,10 +64,7 @@ def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
         target = next(iter(live))
     matches = [job for job in live if job == target] or [j for j in live if j.startswith(target)]
     if not matches:
-        stale = discovery.jobs_on_host(include_stale=True)
-        if target in stale:
-            return _job(target, [], stale[target])
-        raise TargetNotFound(f"no running job {target!r} on this host (see `ddptop jobs`)")
+        return _ended(target)
     if len(matches) > 1:
         raise TargetNotFound(f"job id {target!r} is ambiguous: {', '.join(sorted(matches))}")
     job_id = matches[0]
@@ -69,9 +74,41 @@ def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
     return _job(job_id, sorted(alive.values(), key=lambda e: e.rank), dead)
 
 
-def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint]) -> JobTarget:
-    world = max([e.world_size for e in alive + dead] or [0])
-    return JobTarget(job_id=job_id, world_size=world, endpoints=alive, dead=dead)
+def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint],
+         record: JobRecord | None = None) -> JobTarget:
+    world = max([e.world_size for e in alive + dead] + [record.world_size if record else 0])
+    if record is None:
+        record = jobrecord.read_record(job_id) if discovery.is_safe_job_id(job_id) else None
+    directory = jobrecord.job_dir(job_id) if record is not None else None
+    return JobTarget(job_id=job_id, world_size=world, endpoints=alive, dead=dead, record=directory)
+
+
+def _ended(target: str) -> JobTarget:
+    """A job whose ranks are all gone: its record, else whatever its ranks left behind."""
+    records = {r.job_id: r for r in jobrecord.list_records()}
+    stale = discovery.jobs_on_host(include_stale=True)
+    names = set(records) | set(stale)
+    matches = [target] if target in names else sorted(j for j in names if j.startswith(target))
+    if not matches:
+        raise TargetNotFound(f"no job {target!r} on this host, running or ended (see `ddptop jobs --all`)")
+    if len(matches) > 1:
+        raise TargetNotFound(f"job id {target!r} is ambiguous: {', '.join(matches)}")
+    job_id = matches[0]
+    return _job(job_id, [], stale.get(job_id, []), records.get(job_id))
+
+
+def _latest_ended() -> JobTarget:
+    ended = [r for r in jobrecord.list_records() if r.ended]
+    if not ended:
+        raise TargetNotFound(
+            f"no ddptop job is running on this host (looked in {discovery.runtime_dir(False)}); "
+            "start one with `ddptop launch -- torchrun ...`"
+        )
+    last = max(ended, key=lambda r: (r.end_time or r.start_time, r.job_id))
+    print(f"ddptop: no job is running here; job {last.job_id} ended last: reading its record",
+          file=sys.stderr)
+    stale = discovery.jobs_on_host(include_stale=True).get(last.job_id, [])
+    return _job(last.job_id, [], stale, last)
 
 
 def _from_store(target: str, timeout_s: float) -> JobTarget:

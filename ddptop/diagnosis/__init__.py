@@ -18,8 +18,9 @@ from ddptop.diagnosis.engine import RULES, diagnose
 from ddptop.diagnosis.finding import KINDS, SEVERITY_ORDER, Finding, FindingsReport
 from ddptop.model.job import JobModel
 from ddptop.protocol import Sample
+from ddptop.status import ENDED, Status
 
-GONE = frozenset(("lost", "crashed", "exited", "stale"))
+GONE = ENDED | {Status.STALE}
 HISTORY_MARGIN_S = 10.0
 
 __all__ = [

@@ -9,13 +9,12 @@ from collections.abc import Iterable, Sequence
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import CollectiveGroup, PendingOp, RankState, Sample
+from ddptop.status import ACTIVE
+from ddptop.status import ENDED as GONE
 from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
 
-# Status words of ranks that are still part of the running job.
-ACTIVE = frozenset(("starting", "running", "stale"))
-GONE = frozenset(("lost", "crashed", "exited"))
 
 __all__ = [
     "ACTIVE",

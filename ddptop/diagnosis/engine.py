@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ddptop.diagnosis import rules_collectives, rules_identity, rules_progress, rules_system
+from ddptop.diagnosis import rules_collectives, rules_identity, rules_postmortem, rules_progress, rules_system
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
 from ddptop.model.snapshot import JobSnapshot
@@ -15,10 +15,13 @@ log = logging.getLogger(__name__)
 
 Rule = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], list[Finding]]
 
-# Order matters only for ties in the output: root causes before their consequences.
+# Order matters only for ties in the output: root causes before their consequences. A rank
+# that ran a different collective comes before the rank that died of it (on gloo the victim
+# of a mismatch often aborts first).
 RULES: tuple[Rule, ...] = (
-    rules_identity.rank_lost,
     rules_collectives.collective_mismatch,
+    rules_postmortem.collective_divergence,
+    rules_postmortem.rank_lost,
     rules_progress.unequal_batches,
     rules_identity.param_mismatch,
     rules_collectives.collective_stall,

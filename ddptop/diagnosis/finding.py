@@ -30,6 +30,7 @@ class Finding(msgspec.Struct, kw_only=True):
     evidence: list[str] = []  # the numbers that prove it
     remedy: str = ""  # what to change
     since: float | None = None  # wall clock the condition was first seen, when known
+    step: int | None = None  # the culprit's optimizer step when it happened, when known
 
     def at_least(self, severity: str) -> bool:
         """True if this finding is *severity* or worse."""

@@ -1,7 +1,7 @@
-"""Identity rules: param_mismatch, rng_divergence, rank_lost (catalog F1, F4, F5).
+"""Identity rules: param_mismatch, rng_divergence (catalog F1, F5).
 
-Ranks of one job must build the same model, draw the same data split, and stay alive;
-these rules compare fingerprints across ranks and report ranks that left early.
+Ranks of one job must build the same model and draw the same data split; these rules
+compare fingerprints across ranks.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-from ddptop.diagnosis.common import ACTIVE, ranks_text
+from ddptop.diagnosis.common import ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.snapshot import JobSnapshot
@@ -114,73 +114,3 @@ def rng_divergence(snapshot: JobSnapshot, histories: dict[int, list[Sample]], no
             evidence=evidence, remedy=remedy,
         ))
     return out
-
-
-def rank_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
-              config: DiagnosisConfig) -> list[Finding]:
-    """Ranks that crashed, vanished or exited while their peers still run."""
-    running = [s.rank for s in snapshot.ranks if s.status in ACTIVE]
-    out: list[Finding] = []
-    crashed = [s for s in snapshot.ranks if s.status == "crashed"]
-    lost = [s for s in snapshot.ranks if s.status == "lost"]
-    exited = [s for s in snapshot.ranks if s.status == "exited" and not s.exit_reason]
-    crashed += [s for s in snapshot.ranks if s.status == "exited" and s.exit_reason]
-    if crashed:
-        order = sorted(crashed, key=lambda s: (_last_alive(s, histories), s.rank))
-        first = order[0]
-        evidence = [f"rank {s.rank} on {s.host} (pid {s.pid}): {s.exit_reason or 'died'}"
-                    f", step {_last_step(s, histories)}"
-                    + (f"; stack in {s.crash_file}" if s.crash_file else "")
-                    for s in order]
-        if len(order) > 1:
-            evidence.append(f"rank {first.rank} was the first to go silent")
-        if running:
-            evidence.append(f"{ranks_text(running)} still running (they will hang in the next collective)")
-        out.append(Finding(
-            kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
-            title=f"{ranks_text(s.rank for s in order)} crashed: {first.exit_reason or 'no reason left'}",
-            evidence=evidence,
-            remedy=_crash_remedy(first),
-        ))
-    if lost and running:
-        out.append(Finding(
-            kind="rank_lost", severity="critical", ranks=[s.rank for s in lost],
-            title=f"{ranks_text(s.rank for s in lost)} vanished without last words while "
-                  f"{ranks_text(running)} still run",
-            evidence=[f"rank {s.rank} on {s.host} (pid {s.pid}): connection lost, no exit record, "
-                      f"last step {_last_step(s, histories)}" for s in lost],
-            remedy=("killed from outside (OOM killer: dmesg | grep -i kill; scheduler; SIGKILL) or its node "
-                    "is unreachable; check the node's memory and logs"),
-        ))
-    if exited and running:
-        out.append(Finding(
-            kind="rank_lost", severity="info", ranks=[s.rank for s in exited],
-            title=(f"{ranks_text(s.rank for s in exited)} exited cleanly while "
-                   f"{ranks_text(running)} still run"),
-            evidence=[f"rank {s.rank}: exited at step {_last_step(s, histories)}" for s in exited],
-            remedy="expected at the end of training; earlier, the ranks ran different amounts of work",
-        ))
-    return out
-
-
-def _last_alive(state: RankState, histories: dict[int, list[Sample]]) -> float:
-    # The stub a viewer builds for a dead rank carries the viewer's clock and step 0;
-    # the rank's own last sample with progress says when it was last alive.
-    samples = [s for s in histories.get(state.rank, []) if s.step or s.seq]
-    return samples[-1].time if samples else state.time
-
-
-def _last_step(state: RankState, histories: dict[int, list[Sample]]) -> int:
-    samples = histories.get(state.rank, [])
-    return max([state.step] + [s.step for s in samples])
-
-
-def _crash_remedy(state: RankState) -> str:
-    reason = state.exit_reason.lower()
-    if "sigsegv" in reason or "signal 11" in reason or "segmentation" in reason:
-        return ("a native crash: read the stack in the crash file; check that every rank has the same GPU "
-                "model/compute capability, driver, CUDA and cuDNN build, and GPU memory headroom; try one "
-                "GPU, then grow")
-    if "outofmemory" in reason.replace(" ", "") or "out of memory" in reason:
-        return "reduce the batch size or enable activation checkpointing; check other processes on that GPU"
-    return "read the exception and stack above (crash file); fix it on that rank, then restart the job"

@@ -11,24 +11,29 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
+from ddptop.model.outcome import Ending, ending_of, exit_fields, first_failure, resolved_status
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import (
     ConnectionEvent,
     FrTraceMsg,
     HistoryMsg,
     Message,
+    RankExit,
     RankState,
     RecordEntry,
     Sample,
     StacksMsg,
     StateMsg,
 )
+from ddptop.status import FINAL, Status
 
 HISTORY_LEN = 3600  # samples kept per rank by the viewer (1 h at 1 Hz)
 STALE_AFTER_S = 5.0  # no state for this long: the rank is "stale"
 
 # Connection status words, shown in the UI next to colour.
-CONNECTED, STALE, LOST = "connected", "stale", "lost"
+CONNECTED, STALE, LOST = "connected", Status.STALE.value, Status.LOST.value
 
 
 @dataclass
@@ -43,11 +48,19 @@ class RankView:
     history: deque[Sample] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
     stacks: StacksMsg | None = None
     fr_trace: FrTraceMsg | None = None
+    exit: RankExit | None = None  # how the process ended, from the node agent
+    lost_at: float | None = None  # when the connection was lost (no exit known)
+
+    def ending(self) -> Ending | None:
+        """How this rank ended, before job context (None while it runs)."""
+        return ending_of(self.rank, self.exit, self.state,
+                         self.lost_at if self.connection == LOST else None)
 
     def status(self, now: float, stale_after_s: float = STALE_AFTER_S) -> str:
-        """The rank's status word at *now*: lost / crashed / exited / stale / the rank's own."""
-        if self.state is not None and self.state.status in ("crashed", "exited"):
-            return self.state.status
+        """The rank's own status word at *now* (the model adds torn_down with job context)."""
+        ended = self.ending()
+        if ended is not None:
+            return ended.status
         if self.connection == LOST:
             return LOST
         if self.state is None:
@@ -82,6 +95,13 @@ class JobModel:
         if isinstance(message, ConnectionEvent):
             view = self.view(message.rank)
             view.connection, view.connection_reason = message.status, message.reason
+            if message.status == LOST and view.lost_at is None:
+                view.lost_at = message.time
+            self._touch(message.time)
+            return
+        if isinstance(message, RankExit):
+            view = self.view(message.rank)
+            view.exit = message
             self._touch(message.time)
             return
         if isinstance(message, StateMsg):
@@ -89,8 +109,8 @@ class JobModel:
             view = self.view(st.rank)
             t = at if at is not None else st.time
             view.state, view.received_at = st, t
-            if view.connection != LOST or st.status in ("crashed", "exited"):
-                view.connection = view.connection if st.status in ("crashed", "exited") else CONNECTED
+            if view.connection != LOST and st.status not in FINAL:
+                view.connection = CONNECTED
             self.job_id = self.job_id or st.job_id
             self.world_size = max(self.world_size, st.world_size)
             _append_sample(view.history, st)
@@ -111,21 +131,40 @@ class JobModel:
             self.first_time = t
         self.last_time = max(self.last_time, t)
 
+    def first_failure(self) -> Ending | None:
+        """The rank whose failure came first (see :mod:`ddptop.model.outcome`)."""
+        return first_failure(e for e in (v.ending() for v in self.ranks.values()) if e is not None)
+
     def statuses(self, now: float) -> dict[int, str]:
-        """Status word of every rank at *now*."""
-        return {r: v.status(now) for r, v in sorted(self.ranks.items())}
+        """Status word of every rank at *now*, victims of a teardown as ``torn_down``."""
+        first = self.first_failure()
+        out: dict[int, str] = {}
+        for rank, view in sorted(self.ranks.items()):
+            ended = view.ending()
+            out[rank] = resolved_status(ended, first) if ended is not None else view.status(now)
+        return out
 
     def snapshot(self, now: float) -> JobSnapshot:
         """The model as a JobSnapshot (status words resolved at *now*)."""
         states: list[RankState] = []
         unreachable: dict[int, str] = {}
+        statuses = self.statuses(now)
         for rank, view in sorted(self.ranks.items()):
+            status = statuses[rank]
             if view.state is None:
-                unreachable[rank] = view.connection_reason or "no state received"
+                if view.exit is None:
+                    unreachable[rank] = view.connection_reason or "no state received"
+                    continue
+                # Never heard from, but the agent saw it end: its exit is all there is.
+                states.append(RankState(rank=rank, local_rank=-1, world_size=self.world_size,
+                                        host=view.exit.host, pid=view.exit.pid, job_id=self.job_id,
+                                        status=status, time=view.exit.time, exit_code=view.exit.exit_code,
+                                        exit_signal=view.exit.signal, exited_at=view.exit.time))
                 continue
-            status = view.status(now)
-            state = view.state if status == view.state.status else _with_status(view.state, status)
-            states.append(state)
+            fields = exit_fields(view.exit)
+            if status != view.state.status:
+                fields["status"] = status
+            states.append(msgspec.structs.replace(view.state, **fields) if fields else view.state)
         for rank in range(self.world_size):
             if rank not in self.ranks:
                 unreachable[rank] = "never seen"
@@ -134,12 +173,6 @@ class JobModel:
     def histories(self) -> dict[int, list[Sample]]:
         """Every rank's samples, oldest first."""
         return {r: list(v.history) for r, v in sorted(self.ranks.items())}
-
-
-def _with_status(state: RankState, status: str) -> RankState:
-    import msgspec
-
-    return msgspec.structs.replace(state, status=status)
 
 
 def _append_sample(history: deque[Sample], st: RankState) -> None:

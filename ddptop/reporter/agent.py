@@ -37,9 +37,11 @@ from ddptop.protocol import (
 from ddptop.reporter import collectives, environment, stacks
 from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.crash import CrashCapture
+from ddptop.reporter.last_words import SigtermWatch
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth
 from ddptop.reporter.server import ReporterServer
 from ddptop.reporter.system import SystemSampler
+from ddptop.status import Status
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,10 @@ class Reporter:
             status="starting", start_time=time.time(), restart_count=config.restart_count,
         )
         self._stop = threading.Event()
+        # Held by whoever samples: the reporter thread, or the last words on another thread.
+        self._sample_lock = threading.Lock()
+        self._last_words_written = False
+        self.sigterm: SigtermWatch | None = None
         self._thread: threading.Thread | None = None
         self.server: ReporterServer | None = None
         self.endpoint: discovery.Endpoint | None = None
@@ -83,6 +89,8 @@ class Reporter:
         token = auth.token_for_bind(cfg.bind, cfg.token)
         self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
+        self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
+        self.sigterm.install()
         advertise = cfg.advertise or (cfg.bind if cfg.bind not in ("0.0.0.0", "::") else
                                       socket.gethostname())
         self.endpoint = discovery.Endpoint(
@@ -104,18 +112,60 @@ class Reporter:
             self.server.wake()  # the thread may sit in a poll of up to one interval
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
+        reason = self.crash.exception_reason()
+        self.last_words(Status.CRASHED if reason else Status.EXITED, reason)
         try:
-            self.sample()
-            reason = self.crash.exit_reason
-            self.state.status = "crashed" if reason else "exited"
-            self.state.exit_reason = reason
-            path = discovery.record_path(self.config.job_id, self.config.rank, "last")
-            path.write_bytes(msgspec.msgpack.encode(self.state))
             discovery.record_path(self.config.job_id, self.config.rank).unlink(missing_ok=True)
-        except Exception as exc:
-            log.debug("ddptop: shutdown incomplete: %s", exc)
+        except OSError as exc:
+            log.debug("ddptop: discovery record not removed: %s", exc)
         if self.server is not None:
             self.server.close()
+
+    def _on_sigterm(self) -> None:
+        # On the SIGTERM thread (or the main thread's handler): the rank is about to die.
+        self.last_words(Status.TERMINATED, "terminated by SIGTERM")
+
+    def last_words(self, status: str, reason: str) -> None:
+        """Write the final state (a fresh sample and fresh FR ops) to ``<job>.<rank>.last``.
+
+        Called at exit and on SIGTERM, possibly while the reporter thread samples: the
+        sample lock is waited for briefly, and without it the last sample taken stands.
+        Never raises. The first call wins: SIGTERM's words are not overwritten at exit.
+        """
+        if self._last_words_written:
+            return
+        locked = self._sample_lock.acquire(timeout=0.5)
+        try:
+            if self._last_words_written:
+                return
+            if locked:
+                self.sample()
+                self._add_recent_ops()
+            self.state.status = status
+            self.state.exit_reason = reason
+            path = discovery.record_path(self.config.job_id, self.config.rank, "last")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(msgspec.msgpack.encode(self.state))
+            os.replace(tmp, path)  # a reader never sees half a file
+            self._last_words_written = True
+        except Exception as exc:
+            log.debug("ddptop: last words incomplete: %s", exc)
+        finally:
+            if locked:
+                self._sample_lock.release()
+
+    def _add_recent_ops(self) -> None:
+        if not self._torch_ready or not self.state.collectives:
+            return
+        try:
+            recent = collectives.recent_from_parsed(collectives.parse_fr(collectives.read_fr_json()))
+        except Exception as exc:
+            self._count_error(exc)
+            return
+        for group in self.state.collectives:
+            group.recent = recent.get(group.pg, [])
 
     def _run(self) -> None:
         interval = self.config.interval_s
@@ -124,7 +174,8 @@ class Reporter:
             try:
                 now = time.monotonic()
                 if now >= next_sample:
-                    self.sample()
+                    with self._sample_lock:
+                        self.sample()
                     next_sample = now + interval
                     assert self.server is not None
                     self.server.broadcast(StateMsg(state=self.state))

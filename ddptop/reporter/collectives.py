@@ -215,3 +215,33 @@ def pending_from_parsed(data: dict[str, Any], now: float) -> dict[str, list[Pend
     for ops in out.values():
         ops.sort(key=lambda op: op.seq)
     return out
+
+
+RECENT_PER_GROUP = 32  # ops per group kept in last words: enough to span a step's collectives
+
+
+def recent_from_parsed(data: dict[str, Any], per_group: int = RECENT_PER_GROUP) -> dict[str, list[PendingOp]]:
+    """The last *per_group* collectives of each group in a parsed FR dump, oldest first.
+
+    For the post-mortem: every rank's recent ops, compared by seq across ranks, show the
+    first collective at which the ranks did different things.
+    """
+    out: dict[str, list[PendingOp]] = {}
+    for entry in data.get("entries", []) or []:
+        if entry.get("is_p2p"):
+            continue
+        seq = int(entry.get("collective_seq_id", 0))
+        if seq <= 0:
+            continue
+        created = float(entry.get("time_created_ns", 0)) / 1e9
+        dtypes = entry.get("input_dtypes") or []
+        out.setdefault(_group_name(entry), []).append(PendingOp(
+            seq=seq, op=str(entry.get("profiling_name", "?")),
+            sizes=[entry.get("input_sizes") or [], entry.get("output_sizes") or []],
+            dtype=str(dtypes[0]) if dtypes else "", started_at=created,
+            state=str(entry.get("state", "")),
+        ))
+    for name, ops in out.items():
+        ops.sort(key=lambda op: op.seq)
+        out[name] = ops[-per_group:]
+    return out

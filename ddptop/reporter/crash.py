@@ -4,18 +4,25 @@
 SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL, and on SIGUSR2 on demand (it works even
 while a C call holds the GIL). At interpreter exit the agent writes a last-words file
 (final state and the exception, if one killed the rank) for viewers to read post-mortem.
+
+Forked children (DataLoader workers) inherit faulthandler and its file descriptor: a
+worker's segfault would land in the rank's crash file and read as the rank's own. After a
+fork the child therefore writes into a file of its own, ``<job>.<rank>.w<pid>.crash``.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from ddptop import remains
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +42,8 @@ class CrashCapture:
         """Route fatal-signal dumps into the crash file; False if the user already did."""
         if faulthandler.is_enabled():
             return False  # the user configured faulthandler: leave theirs alone
-        self._file = open(self.path, "w", buffering=1)  # noqa: SIM115 - lives for the process
-        self._file.write(f"# ddptop crash file for pid {__import__('os').getpid()}\n")
+        self._file = _open_private(self.path)
+        self._file.write(f"# ddptop crash file for pid {os.getpid()}\n")
         faulthandler.enable(file=self._file, all_threads=True)
         try:
             faulthandler.register(DUMP_SIGNAL, file=self._file, all_threads=True, chain=False)
@@ -44,16 +51,38 @@ class CrashCapture:
             pass
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
+        os.register_at_fork(after_in_child=self._own_file_in_child)
         return True
+
+    @property
+    def file(self) -> IO[str] | None:
+        """The open crash file (faulthandler writes into it), if enabled."""
+        return self._file
+
+    def _own_file_in_child(self) -> None:
+        try:
+            path = worker_crash_path(self.path, os.getpid())
+            self._file = _open_private(path)
+            self._file.write(f"# ddptop crash file for pid {os.getpid()}, forked from pid {os.getppid()}\n")
+            faulthandler.enable(file=self._file, all_threads=True)
+            self.path = path
+        except Exception:
+            faulthandler.disable()  # never write a child's crash into the rank's file
+
+    def exception_reason(self) -> str:
+        """Why the main thread died of an exception ("" if it did not), even if the program
+        replaced ``sys.excepthook`` after ddptop: Python keeps the exception in
+        ``sys.last_value`` before it calls whatever hook is installed."""
+        if self.exit_reason:
+            return self.exit_reason
+        value = getattr(sys, "last_value", None)
+        if isinstance(value, BaseException) and not isinstance(value, SystemExit | KeyboardInterrupt):
+            return describe_exception(type(value), value, value.__traceback__)
+        return ""
 
     def _excepthook(self, etype: type[BaseException], value: BaseException,
                     tb: TracebackType | None) -> None:
-        try:
-            frames = traceback.extract_tb(tb)[-3:]
-            where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
-            self.exit_reason = f"{etype.__name__}: {value} ({where})"[:2000]
-        except Exception:
-            self.exit_reason = etype.__name__
+        self.exit_reason = describe_exception(etype, value, tb)
         previous = self._previous_hook or sys.__excepthook__
         previous(etype, value, tb)
 
@@ -62,13 +91,28 @@ class CrashCapture:
         return crash_signal(self.path) is not None
 
 
+def describe_exception(etype: type[BaseException], value: BaseException,
+                       tb: TracebackType | None) -> str:
+    """One line: the exception and its innermost frames (bounded)."""
+    try:
+        frames = traceback.extract_tb(tb)[-3:]
+        where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
+        return f"{etype.__name__}: {value} ({where})"[:2000]
+    except Exception:
+        return etype.__name__
+
+
+def worker_crash_path(rank_crash: Path, pid: int) -> Path:
+    """Crash file of a process forked from the rank whose crash file is *rank_crash*."""
+    return rank_crash.with_name(f"{rank_crash.stem}.w{pid}.crash")
+
+
+def _open_private(path: Path) -> IO[str]:
+    # 0600, and never through a symlink someone planted in the runtime directory.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "w", buffering=1)
+
+
 def crash_signal(path: Path) -> str | None:
     """The fatal error faulthandler recorded in *path* ("Segmentation fault"...), if any."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Fatal Python error:"):
-            return line.split(":", 1)[1].strip()
-    return None
+    return remains.crash_signal(path)

@@ -1,0 +1,191 @@
+"""The node agent: one per job and host, it outlives the ranks and keeps their record.
+
+``ddptop launch`` runs it on a thread beside the command it launched. It
+
+* finds the job's local ranks as they announce themselves in the runtime directory,
+  subscribes to each (one :class:`~ddptop.client.live.LiveSource`), and writes everything
+  they send into the job's black box (:class:`~ddptop.agent.recording.JobRecording`);
+* watches every rank's process from outside (:class:`~ddptop.agent.exits.ExitWatcher`):
+  when one ends, it records how (exit code or signal), its last words, its crash file and
+  the crash files of its dead DataLoader workers, before anything is cleaned up;
+* keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current, so ``ddptop jobs``,
+  ``doctor``, ``replay`` and ``export`` work on the job after it is gone.
+
+Nothing here runs inside a rank: the cost of recording is the agent's, never training's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+from ddptop import __version__, auth, discovery, remains
+from ddptop.agent import jobrecord
+from ddptop.agent.exits import ExitWatcher, ProcessExit
+from ddptop.agent.jobrecord import JobRecord, RankOutcome
+from ddptop.agent.recording import JobRecording, crash_frame
+from ddptop.bundle.format import SCHEMA_VERSION, Frame, Manifest
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import JobTarget
+from ddptop.discovery import Endpoint
+from ddptop.model.job import JobModel
+from ddptop.protocol import RankExit, RankState, RecordEntry, StateMsg
+from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
+
+log = logging.getLogger(__name__)
+
+SCAN_S = 0.2  # how often the runtime directory is looked at for new ranks
+RECORD_EVERY_S = 2.0  # job.json rewrite cadence while nothing ends
+
+
+class NodeAgent:
+    """Records one job on this host until :meth:`finish` is called."""
+
+    def __init__(self, job_id: str, command: list[str], cap_bytes: int, *, record: bool = True) -> None:
+        self.job_id = job_id
+        self.host = socket.gethostname()
+        self.record = JobRecord(job_id=job_id, host=self.host, command=list(command),
+                                agent_pid=os.getpid(), start_time=time.time(),
+                                ddptop_version=__version__)
+        self.model = JobModel(job_id=job_id)  # what the agent knows: exits and final states
+        self._lock = threading.Lock()
+        self._known: dict[int, Endpoint] = {}  # rank -> endpoint (its current pid)
+        self._exits = ExitWatcher()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._record_written = 0.0
+        self.recording: JobRecording | None = None
+        if record:
+            manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
+                                job_id=job_id, world_size=0, ddptop_version=__version__,
+                                hosts=[self.host], note="black box of `ddptop launch`")
+            self.recording = JobRecording(jobrecord.job_dir(job_id, create=True), manifest, cap_bytes)
+        self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[]), token=auth.load_token())
+        jobrecord.write_record(self.record)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Begin discovering, subscribing and watching (returns at once)."""
+        self._live.start(self._event)
+        self._thread = threading.Thread(target=self._run, name="ddptop-agent", daemon=True)
+        self._thread.start()
+
+    def finish(self, exit_code: int | None, grace_s: float = 5.0) -> JobRecord:
+        """The command ended: wait (bounded) for the ranks' exits, close the record."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._exits.watching == 0:
+                    break
+            time.sleep(0.05)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=grace_s)
+        self._scan()  # a rank that announced itself at the very end
+        for gone in self._exits.poll(0):
+            self._on_exit(gone)
+        self._live.stop()
+        self._exits.close()
+        with self._lock:
+            self.record.end_time = time.time()
+            self.record.exit_code = exit_code
+            for outcome in self.record.ranks:
+                if outcome.status in ("running", "starting"):
+                    outcome.status = "lost"  # it never reported an end before the command ended
+            if self.recording is not None:
+                self.recording.close(f"command exited with {exit_code}")
+            self._write_record()
+        return self.record
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        next_scan = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_scan:
+                    self._scan()
+                    next_scan = time.monotonic() + SCAN_S
+                for gone in self._exits.poll(SCAN_S / 2):
+                    self._on_exit(gone)
+                if self.recording is not None:
+                    self.recording.flush_if_due()
+                if time.monotonic() - self._record_written >= RECORD_EVERY_S:
+                    with self._lock:
+                        self._write_record()
+            except Exception as exc:  # the agent must outlive anything a rank leaves behind
+                log.warning("ddptop agent: %s", exc)
+                self._stop.wait(0.1)
+
+    def _scan(self) -> None:
+        new: list[Endpoint] = []
+        for endpoint in discovery.jobs_on_host(include_stale=True).get(self.job_id, []):
+            known = self._known.get(endpoint.rank)
+            if known is not None and known.pid == endpoint.pid:
+                continue
+            self._known[endpoint.rank] = endpoint
+            new.append(endpoint)
+            with self._lock:
+                self._exits.watch(endpoint.rank, endpoint.pid)
+                self.record.world_size = max(self.record.world_size, endpoint.world_size)
+                self.record.ranks = [o for o in self.record.ranks if o.rank != endpoint.rank]
+                self.record.ranks.append(RankOutcome(rank=endpoint.rank, pid=endpoint.pid))
+                self.record.ranks.sort(key=lambda o: o.rank)
+        if new:
+            self._live.add_endpoints(new)
+
+    def _event(self, event: Frame) -> None:
+        # From the live source's thread, and from ours for exits and last words.
+        if self.recording is not None:
+            try:
+                self.recording.write(event)
+            except Exception as exc:  # a full disk must not stop the watching
+                log.warning("ddptop agent: recording failed: %s", exc)
+        if isinstance(event, RecordEntry | RankExit):
+            with self._lock:
+                self.model.apply(event)
+
+    def _on_exit(self, gone: ProcessExit) -> None:
+        endpoint = self._known.get(gone.key)
+        if endpoint is None or endpoint.pid != gone.pid:
+            return  # a previous incarnation of a restarted rank
+        state = remains.read_last_state(self.job_id, gone.key)
+        if state is not None:
+            state.worker_crashes = remains.worker_crashes(self.job_id, gone.key, state)
+            self._event(RecordEntry(time=gone.time, rank=gone.key, message=StateMsg(state=state)))
+        self._record_crash_file(gone.key)
+        exit_event = RankExit(time=gone.time, rank=gone.key, pid=gone.pid, host=endpoint.node or self.host,
+                              exit_code=gone.exit_code, signal=gone.signal)
+        self._event(exit_event)
+        with self._lock:
+            self._update_outcomes(gone, state)
+            self._write_record()
+
+    def _record_crash_file(self, rank: int) -> None:
+        path = discovery.record_path(self.job_id, rank, "crash")
+        text, _cut = read_text_tail(path, MAX_CRASH_READ)
+        if has_stacks(text):
+            self._event(crash_frame(rank, path.name, text, MAX_CRASH_READ))
+
+    def _update_outcomes(self, gone: ProcessExit, state: RankState | None) -> None:
+        statuses = self.model.statuses(time.time())
+        for outcome in self.record.ranks:
+            if outcome.rank == gone.key and outcome.pid == gone.pid:
+                outcome.exit_code, outcome.signal, outcome.time = gone.exit_code, gone.signal, gone.time
+                outcome.reason = state.exit_reason[:300] if state is not None else ""
+            if outcome.rank in statuses and outcome.time:
+                outcome.status = statuses[outcome.rank]
+
+    def _write_record(self) -> None:
+        if self.recording is not None:
+            self.record.record_bytes = self.recording.bytes_on_disk
+        try:
+            jobrecord.write_record(self.record)
+        except OSError as exc:
+            log.warning("ddptop agent: cannot write the job record: %s", exc)
+        self._record_written = time.monotonic()
+

@@ -1,0 +1,199 @@
+"""Post-mortem rules: rank_lost and the collective divergence (catalog F4, F5 after death).
+
+When one rank fails, torchrun tears every other rank down within a second, and on gloo the
+rank that aborts first is often a *victim* of the real culprit. These rules order what
+happened by time and name the first cause:
+
+* ``collective_divergence`` (kind ``collective_mismatch``): every rank's last words carry
+  its last collectives from a fresh Flight Recorder read; the first seq at which ranks ran
+  different ops names the rank that diverged (the minority), with each side's op and step;
+* ``rank_lost``: the first rank that failed (how: exception, fatal signal, a DataLoader
+  worker's death, SIGKILL from outside, vanished), at which step, then a timeline of the
+  others: consequences, and ranks merely torn down by the launcher.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ddptop.diagnosis.common import ACTIVE, ranks_text
+from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.snapshot import JobSnapshot
+from ddptop.protocol import PendingOp, RankState, Sample
+from ddptop.status import Status
+
+FATAL_SIGNALS = frozenset(("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"))
+FAILED = frozenset((Status.CRASHED, Status.TERMINATED, Status.LOST))
+SAME_OPS_REMEDY = ("every rank must call the same collectives in the same order: look for a collective "
+                   "under a condition that depends on the rank or on its data (a metric all-reduce one "
+                   "rank skips, a loop whose length differs per rank: an unseeded split)")
+
+
+def collective_divergence(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                          config: DiagnosisConfig) -> list[Finding]:
+    """The first seq at which ranks' last collectives differ, from their last words."""
+    if len([s for s in snapshot.ranks if s.status in ACTIVE]) >= 2:
+        return []  # the live collective_mismatch rule judges running ranks by their pending ops
+    reported = [s for s in snapshot.ranks if any(g.recent for g in s.collectives)]
+    if len(reported) < 2:
+        return []
+    out: list[Finding] = []
+    for pg in sorted({g.pg for s in reported for g in s.collectives if g.recent}):
+        by_seq: dict[int, dict[int, PendingOp]] = defaultdict(dict)
+        for s in reported:
+            for g in s.collectives:
+                if g.pg == pg:
+                    for op in g.recent:
+                        by_seq[op.seq][s.rank] = op
+        found = _first_divergence(by_seq)
+        if found is not None:
+            out.append(_divergence_finding(snapshot, pg, *found))
+            break  # the first diverging group is the cause; the others follow from it
+    return out
+
+
+def _signature(op: PendingOp) -> tuple[str, str]:
+    return op.op, repr(op.sizes[0] if op.sizes else [])
+
+
+def _label(op: PendingOp) -> str:
+    sizes = f" {op.sizes[0]}" if op.sizes and op.sizes[0] else ""
+    return f"{op.op}{sizes}"
+
+
+Divergence = tuple[int, list[list[int]], dict[int, PendingOp]]  # seq, sides (smallest first), ops
+
+
+def _first_divergence(by_seq: dict[int, dict[int, PendingOp]]) -> Divergence | None:
+    for seq in sorted(by_seq):
+        ops = by_seq[seq]
+        sides: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for rank, op in sorted(ops.items()):
+            sides[_signature(op)].append(rank)
+        if len(sides) > 1:
+            # Smallest side first: the odd one out is the culprit (ties: lowest rank first).
+            return seq, sorted(sides.values(), key=lambda ranks: (len(ranks), ranks)), ops
+    return None
+
+
+def _divergence_finding(snapshot: JobSnapshot, pg: str, seq: int, sides: list[list[int]],
+                        ops: dict[int, PendingOp]) -> Finding:
+    states = snapshot.by_rank()
+    odd, rest = sides[0], [r for side in sides[1:] for r in side]
+    certain = len(odd) < len(sides[1])
+    lines = [f"{ranks_text(side)}: {_label(ops[side[0]])} (step {_step(states, side)})" for side in sides]
+    where = f"seq {seq}" + (f" of process group {pg}" if pg != "0" else "")
+    title = (f"{ranks_text(odd)} ran a different collective at {where}: {_label(ops[odd[0]])}, while "
+             f"{ranks_text(rest)} ran {_label(ops[rest[0]])}")
+    if not certain:
+        title += " (as many ranks on each side: which one diverged cannot be told)"
+    return Finding(kind="collective_mismatch", severity="critical", ranks=odd, title=title,
+                   evidence=[f"last collectives from the ranks' last words, at {where}:", *lines],
+                   remedy=SAME_OPS_REMEDY, step=_step(states, odd))
+
+
+def _step(states: dict[int, RankState], ranks: list[int]) -> int:
+    return min(states[r].step for r in ranks if r in states) if any(r in states for r in ranks) else 0
+
+
+def rank_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+              config: DiagnosisConfig) -> list[Finding]:
+    """The rank that failed first, how and at which step; then what happened to the others."""
+    running = [s.rank for s in snapshot.ranks if s.status in ACTIVE]
+    failed = [s for s in snapshot.ranks if s.status in FAILED
+              and (s.status != Status.LOST or running or s.exited_at)]
+    out: list[Finding] = []
+    if failed:
+        out.append(_failure(snapshot, failed, running, histories))
+    exited = [s for s in snapshot.ranks if s.status == Status.EXITED and not s.exit_reason]
+    if exited and running:
+        out.append(Finding(
+            kind="rank_lost", severity="info", ranks=[s.rank for s in exited],
+            title=(f"{ranks_text(s.rank for s in exited)} exited cleanly while "
+                   f"{ranks_text(running)} still run"),
+            evidence=[f"rank {s.rank}: exited at step {_last_step(s, histories)}" for s in exited],
+            remedy="expected at the end of training; earlier, the ranks ran different amounts of work",
+        ))
+    return out
+
+
+def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
+             histories: dict[int, list[Sample]]) -> Finding:
+    order = sorted(failed, key=lambda s: (_ended_at(s, histories), s.rank))
+    first = order[0]
+    t0 = _ended_at(first, histories)
+    step = _last_step(first, histories)
+    evidence = [f"+{_ended_at(s, histories) - t0:6.2f} s  rank {s.rank} on {s.host} (pid {s.pid}): "
+                f"{_how(s)}, step {_last_step(s, histories)}"
+                + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
+                for s in order]
+    for crash in first.worker_crashes:
+        evidence += [f"worker pid {crash.pid} stack (innermost first): {frame}" for frame in crash.stack[:6]]
+    torn = sorted(s.rank for s in snapshot.ranks if s.status == Status.TORN_DOWN)
+    if torn:
+        when = max(_ended_at(s, histories) for s in snapshot.ranks if s.rank in torn) - t0
+        evidence.append(f"{ranks_text(torn)} torn down by the launcher within {when:.2f} s "
+                        "(victims, not causes)")
+    if len(order) > 1:
+        evidence.append(f"rank {first.rank} was the first to go silent")
+    if running:
+        evidence.append(f"{ranks_text(running)} still running (they will hang in the next collective)")
+    return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
+                   title=f"{ranks_text([first.rank])} failed first, at step {step}: {_how(first)}",
+                   evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+
+
+def _how(s: RankState) -> str:
+    """How one rank ended, in words."""
+    if s.worker_crashes:
+        w = s.worker_crashes[0]
+        who = f"worker {w.worker_id} " if w.worker_id is not None else "worker "
+        return (f"its DataLoader {who}(pid {w.pid}) died of {w.signal or 'an unknown cause'}; "
+                f"the rank then failed ({s.exit_reason[:160] or 'no reason left'})")
+    sig = s.exit_signal
+    if sig in FATAL_SIGNALS:
+        return f"died of {sig}" + (f" ({s.exit_reason})" if s.exit_reason else "")
+    if sig == "SIGKILL":
+        return "killed by SIGKILL from outside the job (the OOM killer, the scheduler or a person)"
+    if sig in ("SIGTERM", "SIGINT", "SIGHUP") or s.status == Status.TERMINATED:
+        return f"stopped by {sig or 'SIGTERM'} from outside the job"
+    if s.status == Status.LOST:
+        return "vanished without last words or an exit status (killed by SIGKILL from outside?)"
+    if s.exit_reason:
+        return s.exit_reason
+    if s.exit_code:
+        return f"exited with code {s.exit_code}"
+    return "died, no reason left"
+
+
+def _ended_at(state: RankState, histories: dict[int, list[Sample]]) -> float:
+    # The agent's exit time when there is one; else the rank's own last sample with progress
+    # (the stub a viewer builds for a dead rank carries the viewer's clock and step 0).
+    if state.exited_at:
+        return state.exited_at
+    samples = [s for s in histories.get(state.rank, []) if s.step or s.seq]
+    return samples[-1].time if samples else state.time
+
+
+def _last_step(state: RankState, histories: dict[int, list[Sample]]) -> int:
+    samples = histories.get(state.rank, [])
+    return max([state.step] + [s.step for s in samples])
+
+
+def _remedy(state: RankState) -> str:
+    reason = f"{state.exit_reason} {state.exit_signal}".lower()
+    if state.worker_crashes:
+        return ("a DataLoader worker died (native code in the dataset or its transforms; 'Killed' is the OOM "
+                "killer): read the worker's stack, rerun with num_workers=0 to see it in the main process, "
+                "and lower num_workers / prefetch_factor if memory is short")
+    if "sigsegv" in reason or "signal 11" in reason or "segmentation" in reason:
+        return ("a native crash: read the stack in the crash file; check that every rank has the same GPU "
+                "model/compute capability, driver, CUDA and cuDNN build, and GPU memory headroom; try one "
+                "GPU, then grow")
+    if "sigkill" in reason or state.status == Status.LOST:
+        return ("killed from outside: check the node's memory (dmesg | grep -i kill: the OOM killer), the "
+                "scheduler's logs, or whoever sent the signal")
+    if "outofmemory" in reason.replace(" ", "") or "out of memory" in reason:
+        return "reduce the batch size or enable activation checkpointing; check other processes on that GPU"
+    return "read the exception and stack above (crash file); fix it on that rank, then restart the job"

@@ -1,0 +1,77 @@
+"""How each rank ended, and which of them failed first (pure; no clock needed).
+
+When one rank fails, torchrun sends every other rank SIGTERM (and SIGKILL 30 s later):
+those ranks are *victims*. A post-mortem must name the first failure and show the victims
+as torn down, never as crashes. The inputs are the node agent's ``RankExit`` (exit code
+or signal, seen from outside), the rank's own last words (its final ``RankState``) and,
+for ranks that vanished without either, the time their connection was lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ddptop.protocol import RankExit, RankState
+from ddptop.status import FINAL, Status
+
+# What a launcher or a person sends to stop a process: a death by one of these after
+# another rank failed is a teardown.
+TEARDOWN_SIGNALS = frozenset(("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"))
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One rank's end as far as it is known."""
+
+    rank: int
+    time: float
+    failed: bool  # anything but a clean exit with code 0
+    stopped: bool  # ended by a stop signal (SIGTERM/SIGKILL...): maybe a teardown victim
+    status: str  # the status word before job context (never torn_down)
+
+
+def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
+              lost_at: float | None) -> Ending | None:
+    """The end of one rank from what is known of it, or None if it has not ended."""
+    said = state.status if state is not None and state.status in FINAL else ""
+    if exit is not None:
+        signal = exit.signal or ("SIGTERM" if said == Status.TERMINATED else "")
+        if exit.exit_code == 0 or (exit.exit_code is None and not signal and said == Status.EXITED):
+            return Ending(rank, exit.time, failed=False, stopped=False, status=Status.EXITED)
+        stopped = signal in TEARDOWN_SIGNALS
+        status = Status.TERMINATED if signal in ("SIGTERM", "SIGINT", "SIGHUP") else Status.CRASHED
+        if exit.exit_code is None and not signal and not said:
+            status = Status.LOST  # gone, reaped before its status could be read, no last words
+        return Ending(rank, exit.time, failed=True, stopped=stopped, status=status)
+    if said:
+        assert state is not None
+        return Ending(rank, state.time, failed=said != Status.EXITED,
+                      stopped=said == Status.TERMINATED, status=said)
+    if lost_at is not None:
+        return Ending(rank, lost_at, failed=True, stopped=False, status=Status.LOST)
+    return None
+
+
+def first_failure(endings: Iterable[Ending]) -> Ending | None:
+    """The rank that failed first: the earliest failure not caused by a stop signal, else the
+    earliest failure at all (a rank SIGKILLed from outside is the first cause of a teardown)."""
+    failed = sorted((e for e in endings if e.failed), key=lambda e: (e.time, e.rank))
+    own = [e for e in failed if not e.stopped]
+    if own:
+        return own[0]
+    return failed[0] if failed else None
+
+
+def resolved_status(ending: Ending, first: Ending | None) -> str:
+    """The status word with job context: stopped after another rank's failure = torn down."""
+    if first is not None and ending.stopped and ending.rank != first.rank and ending.time >= first.time:
+        return Status.TORN_DOWN
+    return ending.status
+
+
+def exit_fields(exit: RankExit | None) -> dict[str, object]:
+    """The RankState fields that carry an agent's RankExit (for msgspec.structs.replace)."""
+    if exit is None:
+        return {}
+    return {"exit_code": exit.exit_code, "exit_signal": exit.signal, "exited_at": exit.time}
