@@ -22,7 +22,9 @@ class Status(StrEnum):
     EXITED = "exited"  # ended by itself with code 0
     CRASHED = "crashed"  # exception, fatal signal or a non-zero exit
     TERMINATED = "terminated"  # the rank's own word: it got SIGTERM (who sent it is the viewer's call)
-    TORN_DOWN = "torn_down"  # viewer's word: killed by the launcher after another rank failed
+    # viewer's word: ended because another rank failed first: killed by the launcher's
+    # teardown, or failed only because a peer was gone ("Connection closed by peer")
+    TORN_DOWN = "torn_down"
     LOST = "lost"  # connection gone and no exit status known
 
 

@@ -60,6 +60,9 @@ def main() -> None:
             if rank == crash_rank and step == crash_after:
                 print(f"rank {rank}: step {step}: reading address 0 (SIGSEGV) at t={time.time():.3f}",
                       flush=True)
+                # A real crash strikes anywhere; a pause first lets the reporter sample the
+                # crashing step, so a post-mortem test can hold the step it names to it.
+                time.sleep(float(os.environ.get("PROBE_CRASH_PAUSE", "0")))
                 crash()
             time.sleep(pause)
             stop = stop_together(end, device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -82,6 +83,22 @@ class RunningJob:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def wait_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+        """Wait (bounded) until the job's output matches *pattern*; the match."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = rx.search(self.log())
+            if m:
+                return m
+            if self.proc.poll() is not None:
+                m = rx.search(self.log())
+                if m:
+                    return m
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"the job never printed {pattern!r} within {timeout}s:\n{self.log()[-3000:]}")
 
     def wait(self, timeout: float = 60.0) -> int:
         """Wait for the job to end by itself (bounded); return its exit code."""

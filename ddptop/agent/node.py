@@ -63,7 +63,8 @@ class NodeAgent:
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
                                 hosts=[self.host], note="black box of `ddptop launch`")
             self.recording = JobRecording(jobrecord.job_dir(job_id, create=True), manifest, cap_bytes)
-        self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[]), token=auth.load_token())
+        self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[]), token=auth.load_token(),
+                                read_remains=False)
         jobrecord.write_record(self.record)
 
     # ------------------------------------------------------------ lifecycle

@@ -63,8 +63,11 @@ class LiveSource:
     live = True
 
     def __init__(self, target: JobTarget, token: str | None = None,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, read_remains: bool = True) -> None:
         self.target = target
+        # A viewer reads a dead rank's last words from the runtime directory; the node agent
+        # reads them itself (with more: exit status, workers' crashes) and says no.
+        self._read_remains = read_remains
         self.description = f"job {target.job_id} ({target.world_size} ranks)"
         self._token = token
         self._connect_timeout = connect_timeout
@@ -302,7 +305,7 @@ class LiveSource:
         if self._stop.is_set():
             return
         rank, now = peer.endpoint.rank, time.time()
-        if was_ready:
+        if was_ready and self._read_remains:
             # The rank may have left last words on the way out (same host only).
             state = last_words(peer.endpoint)
             if state.status in FINAL:

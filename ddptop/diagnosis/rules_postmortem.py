@@ -19,6 +19,7 @@ from collections import defaultdict
 from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.status import Status
@@ -50,7 +51,45 @@ def collective_divergence(snapshot: JobSnapshot, histories: dict[int, list[Sampl
         if found is not None:
             out.append(_divergence_finding(snapshot, pg, *found))
             break  # the first diverging group is the cause; the others follow from it
+        left = _left_early(snapshot, pg, by_seq)
+        if left is not None:
+            out.append(left)
+            break
     return out
+
+
+def _left_early(snapshot: JobSnapshot, pg: str,
+                by_seq: dict[int, dict[int, PendingOp]]) -> Finding | None:
+    """Ranks that ended cleanly before a collective their peers entered and died in.
+
+    Same ops at every seq both sides ran, yet some ranks exit with code 0 after seq N while
+    the others entered N+1 and never came back: the clean ones skipped a collective (a
+    skipped op of the same shape as the next one shifts them silently) or ran out of work.
+    """
+    states = snapshot.by_rank()
+    last: dict[int, int] = {}
+    for seq in sorted(by_seq):
+        for rank in by_seq[seq]:
+            last[rank] = seq
+    clean = {r for r in last if states[r].status == Status.EXITED}
+    if not clean or not set(last) - clean:
+        return None
+    top = max(last.values())
+    early = sorted(r for r in clean if last[r] < top)
+    waiting = sorted(r for r in last if last[r] == top and r not in clean)
+    if not early or not waiting:
+        return None
+    step = _step(states, early)
+    op = by_seq[top][waiting[0]]
+    where = "" if pg == "0" else f" of process group {pg}"
+    return Finding(
+        kind="collective_mismatch", severity="critical", ranks=early, step=step,
+        title=(f"{ranks_text(early)} exited cleanly after collective #{last[early[0]]}{where} at step "
+               f"{step}, while {ranks_text(waiting)} entered #{top} ({_label(op)}) and waited for "
+               f"{ranks_text(early)} there: the ranks ran different numbers of collectives"),
+        evidence=[f"rank {r}: last collective #{last[r]} ({_label(by_seq[last[r]][r])}), "
+                  f"step {states[r].step}, {states[r].status}" for r in sorted(last)],
+        remedy=SAME_OPS_REMEDY)
 
 
 def _signature(op: PendingOp) -> tuple[str, str]:
@@ -129,7 +168,9 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
                 for s in order]
     for crash in first.worker_crashes:
-        evidence += [f"worker pid {crash.pid} stack (innermost first): {frame}" for frame in crash.stack[:6]]
+        if crash.stack:
+            evidence.append(f"stack of worker pid {crash.pid} ({crash.crash_file}), innermost first:")
+            evidence += [f"  {frame}" for frame in crash.stack[:6]]
     torn = sorted(s.rank for s in snapshot.ranks if s.status == Status.TORN_DOWN)
     if torn:
         when = max(_ended_at(s, histories) for s in snapshot.ranks if s.rank in torn) - t0
@@ -146,6 +187,8 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
 
 def _how(s: RankState) -> str:
     """How one rank ended, in words."""
+    if PEER_GONE.search(s.exit_reason):
+        return f"{s.exit_reason[:200]} (a consequence: a peer was already gone)"
     if s.worker_crashes:
         w = s.worker_crashes[0]
         who = f"worker {w.worker_id} " if w.worker_id is not None else "worker "

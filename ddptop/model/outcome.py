@@ -9,6 +9,7 @@ for ranks that vanished without either, the time their connection was lost.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,6 +19,10 @@ from ddptop.status import FINAL, Status
 # What a launcher or a person sends to stop a process: a death by one of these after
 # another rank failed is a teardown.
 TEARDOWN_SIGNALS = frozenset(("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"))
+# Errors a rank raises only because a peer is gone (gloo, NCCL, the TCPStore): after another
+# rank's failure they mark a victim as surely as the launcher's SIGTERM does.
+PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited"
+                       r"|socket was closed|failed to recv|Connection refused", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class Ending:
     rank: int
     time: float
     failed: bool  # anything but a clean exit with code 0
-    stopped: bool  # ended by a stop signal (SIGTERM/SIGKILL...): maybe a teardown victim
+    stopped: bool  # ended by a stop signal, or failed because a peer was gone: maybe a victim
     status: str  # the status word before job context (never torn_down)
 
 
@@ -35,11 +40,12 @@ def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
               lost_at: float | None) -> Ending | None:
     """The end of one rank from what is known of it, or None if it has not ended."""
     said = state.status if state is not None and state.status in FINAL else ""
+    peer_gone = state is not None and bool(PEER_GONE.search(state.exit_reason))
     if exit is not None:
         signal = exit.signal or ("SIGTERM" if said == Status.TERMINATED else "")
         if exit.exit_code == 0 or (exit.exit_code is None and not signal and said == Status.EXITED):
             return Ending(rank, exit.time, failed=False, stopped=False, status=Status.EXITED)
-        stopped = signal in TEARDOWN_SIGNALS
+        stopped = signal in TEARDOWN_SIGNALS or peer_gone
         status = Status.TERMINATED if signal in ("SIGTERM", "SIGINT", "SIGHUP") else Status.CRASHED
         if exit.exit_code is None and not signal and not said:
             status = Status.LOST  # gone, reaped before its status could be read, no last words
@@ -47,7 +53,7 @@ def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
     if said:
         assert state is not None
         return Ending(rank, state.time, failed=said != Status.EXITED,
-                      stopped=said == Status.TERMINATED, status=said)
+                      stopped=said == Status.TERMINATED or peer_gone, status=said)
     if lost_at is not None:
         return Ending(rank, lost_at, failed=True, stopped=False, status=Status.LOST)
     return None
@@ -64,7 +70,8 @@ def first_failure(endings: Iterable[Ending]) -> Ending | None:
 
 
 def resolved_status(ending: Ending, first: Ending | None) -> str:
-    """The status word with job context: stopped after another rank's failure = torn down."""
+    """The status word with job context: stopped (or failed for want of a peer) after another
+    rank's failure = torn down: a victim of the teardown, not a cause."""
     if first is not None and ending.stopped and ending.rank != first.rank and ending.time >= first.time:
         return Status.TORN_DOWN
     return ending.status

@@ -272,6 +272,7 @@ class Reporter:
         from ddptop.reporter.progress import install_torch_patches
 
         install_torch_patches(torch_module, self.config.teardown_yield_s)
+        self.crash.keep_faulthandler_in_workers()
         self._torch_ready = True
 
     def _on_epoch_start(self, epoch: int) -> None:

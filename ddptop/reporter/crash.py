@@ -64,10 +64,41 @@ class CrashCapture:
             path = worker_crash_path(self.path, os.getpid())
             self._file = _open_private(path)
             self._file.write(f"# ddptop crash file for pid {os.getpid()}, forked from pid {os.getppid()}\n")
+            faulthandler.disable()  # enable() while enabled keeps the old file: start over
             faulthandler.enable(file=self._file, all_threads=True)
             self.path = path
         except Exception:
             faulthandler.disable()  # never write a child's crash into the rank's file
+
+    def keep_faulthandler_in_workers(self) -> None:
+        """Re-enable faulthandler after torch sets up a DataLoader worker's signals.
+
+        torch installs its own SIGSEGV/SIGBUS/SIGFPE handler in every worker (it prints
+        "Unexpected segmentation fault encountered in worker" and dies), replacing
+        faulthandler's, so a worker's crash would leave no stack. faulthandler put back on
+        top dumps the stack into the worker's file, then calls torch's handler as before.
+        """
+        try:
+            from torch.utils.data._utils import signal_handling
+        except ImportError:
+            return
+        original = signal_handling._set_worker_signal_handlers
+        if getattr(original, "_ddptop", False):
+            return
+        capture = self
+
+        def set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
+            if capture._file is None:
+                return original(*args, **kwargs)
+            # faulthandler must be off while torch installs its handlers (enable() is a no-op
+            # while enabled, and disable() restores what was there before it): then on top.
+            faulthandler.disable()
+            result = original(*args, **kwargs)
+            faulthandler.enable(file=capture._file, all_threads=True)
+            return result
+
+        set_worker_signal_handlers._ddptop = True  # type: ignore[attr-defined]
+        signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
 
     def exception_reason(self) -> str:
         """Why the main thread died of an exception ("" if it did not), even if the program

@@ -1,0 +1,137 @@
+"""After the crash: every way a rank dies, diagnosed from the black box once the job is gone.
+
+Each test runs a real 4-rank torchrun job under ``ddptop launch`` that kills one rank (a
+Python exception, SIGSEGV, SIGKILL from outside, a DataLoader worker's segfault, a skipped
+collective), waits (bounded) for the job to end by itself, and only then asks
+``ddptop doctor --json JOB``: no rank is alive, so everything comes from the record the
+launcher kept. Each asserts the finding's kind, the culprit rank and its step (the probes
+print the step at which they plant the failure), and that the other ranks are shown as
+torn down, not crashed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from tests.jobs import JobRunner, RunningJob
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = 0.25
+ENDS_WITHIN_S = 90.0  # the job must end by itself: torchrun tears the peers down
+
+
+def ended_doctor(job: RunningJob) -> list[dict[str, Any]]:
+    """Wait for the job to end, then `ddptop doctor --json JOB` (exit 1: findings)."""
+    job.wait(timeout=ENDS_WITHIN_S)
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    assert res.returncode == 1, f"rc {res.returncode}\n{res.stdout}\n{res.stderr}\n{job.log()[-3000:]}"
+    assert "Traceback" not in res.stderr
+    return list(json.loads(res.stdout)["findings"])
+
+
+def outcomes(job: RunningJob) -> dict[int, dict[str, Any]]:
+    """`ddptop jobs --json`: how each rank of *job* ended, by rank."""
+    res = job.run_cli("jobs", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = [r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == job.job_id]
+    assert len(rows) == 1 and rows[0]["state"] == "ended", rows
+    return {o["rank"]: o for o in rows[0]["outcome"]}
+
+
+def assert_victims(job: RunningJob, culprit: int, world: int = 4) -> dict[int, dict[str, Any]]:
+    """Every rank but the culprit was torn down (SIGTERM from torchrun), never 'crashed'."""
+    ended = outcomes(job)
+    assert sorted(ended) == list(range(world)), ended
+    for rank, o in ended.items():
+        if rank != culprit:
+            assert o["status"] == "torn_down", (rank, o)
+    return ended
+
+
+def death(how: str) -> dict[str, str]:
+    """Environment of probes/rank_dies.py: rank 2 dies *how*, at step 12."""
+    return {"PROBE_DEATH": how, "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
+
+
+def first(findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The root cause: the first finding (the engine orders causes before consequences)."""
+    assert findings, "no finding at all"
+    return findings[0]
+
+
+def test_python_exception_on_one_rank(job_runner: JobRunner) -> None:
+    job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("exception"))
+    step = int(job.wait_log(r"rank 2: step (\d+): raising ValueError", timeout=60).group(1))
+    f = first(ended_doctor(job))
+    assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
+    assert "ValueError: planted failure" in f["title"], f
+    ended = assert_victims(job, culprit=2)
+    assert ended[2]["status"] == "crashed" and ended[2]["exit_code"] == 1, ended[2]
+
+
+def test_sigsegv_then_export_and_replay(job_runner: JobRunner, tmp_path: Any) -> None:
+    job = job_runner.start("segfault_rank", nproc=4, interval=INTERVAL,
+                           env={"PROBE_CRASH_AFTER_STEPS": "20", "PROBE_CRASH_PAUSE": "2"})
+    step = int(job.wait_log(r"rank 1: step (\d+): reading address 0", timeout=60).group(1))
+    f = first(ended_doctor(job))
+    assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 1, step), f
+    assert "SIGSEGV" in f["title"], f
+    ended = assert_victims(job, culprit=1)
+    assert ended[1]["signal"] in ("SIGSEGV", ""), ended[1]  # "" only if torchrun reaped it first
+    # The bundle a person wants most, of a job that died seconds ago, and its replay.
+    bundle = tmp_path / "crash.ddptop"
+    res = job.run_cli("export", "-o", str(bundle), job.job_id)
+    assert res.returncode == 0 and bundle.is_file(), res.stderr
+    for source in (str(bundle), job.job_id):
+        info = job.run_cli("replay", "--info", source)
+        assert info.returncode == 0, info.stderr
+        assert "1=crashed" in info.stdout, info.stdout  # the last frame: every rank's final state
+        for rank in (0, 2, 3):
+            assert f"{rank}=torn_down" in info.stdout, info.stdout
+    res = job.run_cli("doctor", "--json", str(bundle))
+    assert res.returncode == 1 and json.loads(res.stdout)["findings"][0]["ranks"][0] == 1, res.stdout
+
+
+def test_sigkill_from_outside(job_runner: JobRunner) -> None:
+    job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("wait_for_kill"))
+    m = job.wait_log(r"rank 2: step (\d+): waiting to be killed \(pid (\d+)\)", timeout=60)
+    step, pid = int(m.group(1)), int(m.group(2))
+    # The OOM killer's way: the rank's last sample has its step, then SIGKILL, no last words.
+    job.wait_for(lambda s: any(r["rank"] == 2 and r["step"] == step for r in s["ranks"]), timeout=30)
+    os.kill(pid, signal.SIGKILL)
+    f = first(ended_doctor(job))
+    assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
+    assert "SIGKILL" in f["title"] or "vanished" in f["title"], f
+    ended = assert_victims(job, culprit=2)
+    assert ended[2]["signal"] in ("SIGKILL", ""), ended[2]
+
+
+def test_dataloader_worker_segfault(job_runner: JobRunner) -> None:
+    job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("worker_segfault"))
+    m = job.wait_log(r"rank 2: step (\d+): the DataLoader failed: DataLoader worker \(pid (\d+)\)",
+                     timeout=60)
+    step, worker_pid = int(m.group(1)), int(m.group(2))
+    f = first(ended_doctor(job))
+    assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
+    # The worker's crash, not the rank's: worker id, pid, signal, and the worker's own stack.
+    assert f"DataLoader worker 1 (pid {worker_pid}) died of Segmentation fault" in f["title"], f
+    assert any("__getitem__" in e for e in f["evidence"]), f["evidence"]
+    ended = assert_victims(job, culprit=2)
+    assert ended[2]["status"] == "crashed" and ended[2]["signal"] != "SIGSEGV", ended[2]
+
+
+def test_skipped_collective_names_the_skipping_rank(job_runner: JobRunner) -> None:
+    job = job_runner.start("skipped_collective", nproc=4, interval=INTERVAL,
+                           env={"PROBE_SKIP_RANK": "1", "PROBE_SKIP_AT_STEP": "10"})
+    step = int(job.wait_log(r"rank 1: step (\d+): skipping the metric all_reduce", timeout=60).group(1))
+    findings = ended_doctor(job)
+    f = first(findings)
+    # On gloo a victim aborts first; the cause is the rank whose collectives diverged.
+    assert (f["kind"], f["ranks"], f["step"]) == ("collective_mismatch", [1], step), findings
+    assert "all_reduce" in f["title"], f
