@@ -67,6 +67,17 @@ class NodeAgent:
                                 read_remains=False)
         jobrecord.write_record(self.record)
 
+    @property
+    def ranks_seen(self) -> int:
+        """Ranks that announced themselves so far."""
+        return len(self._known)
+
+    @property
+    def ranks_running(self) -> int:
+        """Ranks whose process has not ended yet."""
+        with self._lock:
+            return self._exits.watching
+
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:

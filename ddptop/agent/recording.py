@@ -5,12 +5,16 @@ record directory as ordinary recordings (the format of ``ddptop record``, see
 ``docs/bundle-format.md``), in two tiers so that a size cap costs detail only in the past:
 
 * ``recent.<n>.ddptop``: every frame at full rate. A segment is closed after
-  ``segment_s`` seconds or a quarter of the cap, and only the newest two are kept, so the
+  ``segment_s`` seconds or a fifth of the cap, and only the newest two are kept, so the
   last minutes before a crash are always there in full;
 * ``history.ddptop``: everything that is not a periodic state (connections, exits, last
   words, crash files, histories, stacks) plus one state per rank every ``stride`` seconds.
-  When it outgrows half the cap it is compacted: the stride doubles, and only the states on
-  the new stride (and the newest history frame of each rank) are kept.
+  When it outgrows two fifths of the cap it is compacted: the stride doubles, and only the
+  states on the new stride (and the newest history frame of each rank) are kept.
+
+Unflushed data is bounded too (a member is cut at a twentieth of the cap), so the files
+stay under the cap at any moment, with one exception: when what is never thinned (exits,
+connections, last words) alone fills the history's share, history grows past it.
 
 Each file is flushed as independent gzip members at least once a second (BundleWriter),
 so a SIGKILLed agent still leaves everything up to its last second. Readers merge the tiers
@@ -58,10 +62,12 @@ class JobRecording:
         self.frames = 0
         self._lock = threading.Lock()
         self._kept_at: dict[int, float] = {}  # rank -> time of the last state kept in history
-        self._history = BundleWriter(directory / HISTORY_FILE, manifest)
+        self._flush_bytes = max(16 * 1024, self.cap_bytes // 20)
+        self._history = self._writer(directory / HISTORY_FILE)
         self._segment = 0
         self._segments: list[Path] = []
         self._recent = self._open_segment()
+        self._compact_at = self.cap_bytes * 2 // 5
         self.closed = False
 
     # ------------------------------------------------------------ writing
@@ -116,16 +122,19 @@ class JobRecording:
         path = self.directory / recent_name(self._segment)
         self._segments.append(path)
         self._segment_started = time.monotonic()
-        return BundleWriter(path, self.manifest)
+        return self._writer(path)
+
+    def _writer(self, path: Path) -> BundleWriter:
+        return BundleWriter(path, self.manifest, flush_bytes=self._flush_bytes)
 
     def _bound(self) -> None:
-        if (self._recent.bytes_written >= self.cap_bytes // 4
+        if (self._recent.bytes_written >= self.cap_bytes // 5
                 or time.monotonic() - self._segment_started >= self.segment_s):
             self._recent.close("rotated")
             self._recent = self._open_segment()
             while len(self._segments) > RECENT_SEGMENTS_KEPT:
                 self._segments.pop(0).unlink(missing_ok=True)
-        if self._history.bytes_written >= self.cap_bytes // 2:
+        if self._history.bytes_written >= self._compact_at:
             self._compact()
 
     def _compact(self) -> None:
@@ -136,7 +145,7 @@ class JobRecording:
         self.stride_s *= 2
         self.compactions += 1
         tmp = path.with_name(f".{path.name}.compact")
-        writer = BundleWriter(tmp, self.manifest)
+        writer = self._writer(tmp)
         last_history: dict[int, RecordEntry] = {}
         kept_at: dict[int, float] = {}
         for event in contents.events:
@@ -157,6 +166,9 @@ class JobRecording:
         self._history.abort()
         self._history = writer
         self._kept_at = kept_at
+        # Only states thin out: if what must be kept (exits, last words, connections) already
+        # fills much of the budget, wait for real growth instead of compacting on every write.
+        self._compact_at = max(self.cap_bytes * 2 // 5, writer.bytes_written * 3 // 2)
         log.debug("compacted %s to a %g s stride: %d bytes", path, self.stride_s, writer.bytes_written)
 
 

@@ -36,10 +36,12 @@ class BundleWriter:
     """Writes a manifest, then frames; thread-safe; ``close()`` adds the end marker."""
 
     def __init__(self, path: str | os.PathLike[str], manifest: Manifest, *, compress: bool = True,
-                 atomic: bool = False, level: int = 6, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+                 atomic: bool = False, level: int = 6, flush_interval_s: float = FLUSH_INTERVAL_S,
+                 flush_bytes: int = FLUSH_BYTES) -> None:
         self.path = Path(path)
         self._final = self.path
         self._compress, self._level, self._interval = compress, level, flush_interval_s
+        self._flush_bytes = flush_bytes
         self._lock = threading.Lock()
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -64,7 +66,7 @@ class BundleWriter:
             if self.closed:
                 return
             self._add(scrub_frame(frame))
-            if (self._pending_bytes >= FLUSH_BYTES
+            if (self._pending_bytes >= self._flush_bytes
                     or time.monotonic() - self._last_flush >= self._interval):
                 self._flush_locked()
 

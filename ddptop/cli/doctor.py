@@ -32,6 +32,7 @@ from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
 from ddptop.errors import DdptopError, FindingsPresent, UsageError
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, RecordEntry, StateMsg
+from ddptop.status import FINAL, Status
 from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,9 @@ def observe(target: JobTarget, watch_s: float,
             model.apply(event)
             if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
                 states[event.rank] += 1
-                if event.message.state.status in ("crashed", "exited"):
+                if event.message.state.status in FINAL:
                     gone.add(event.rank)
-            elif isinstance(event, ConnectionEvent) and event.status == "lost":
+            elif isinstance(event, ConnectionEvent) and event.status == Status.LOST:
                 gone.add(event.rank)
 
     source = LiveSource(target, token=auth.load_token())

@@ -22,10 +22,10 @@ from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, RecordEntry
+from ddptop.status import ENDED
 
 log = logging.getLogger(__name__)
 
-ENDED = frozenset(("lost", "exited", "crashed"))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

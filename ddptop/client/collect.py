@@ -24,6 +24,7 @@ from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import RankState, StateMsg
 from ddptop.remains import crash_signal
+from ddptop.status import Status
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +78,15 @@ def last_words(endpoint: Endpoint) -> RankState:
     if state is None:
         state = RankState(rank=endpoint.rank, local_rank=-1, world_size=endpoint.world_size,
                           host=endpoint.node or endpoint.host, pid=endpoint.pid,
-                          job_id=endpoint.job_id, status="lost", time=time.time())
+                          job_id=endpoint.job_id, status=Status.LOST, time=time.time())
     crash = discovery.record_path(endpoint.job_id, endpoint.rank, "crash")
     fatal = crash_signal(crash)
     if fatal:
-        state.status = "crashed"
+        state.status = Status.CRASHED
         state.exit_reason = state.exit_reason or fatal
         state.crash_file = str(crash)
-    elif state.status == "running":
-        state.status = "lost"
+    elif state.status == Status.RUNNING:
+        state.status = Status.LOST
     return state
 
 

@@ -59,8 +59,10 @@ class RankView:
     def status(self, now: float, stale_after_s: float = STALE_AFTER_S) -> str:
         """The rank's own status word at *now* (the model adds torn_down with job context)."""
         ended = self.ending()
-        if ended is not None:
-            return ended.status
+        return ended.status if ended is not None else self.live_status(now, stale_after_s)
+
+    def live_status(self, now: float, stale_after_s: float = STALE_AFTER_S) -> str:
+        """The status word of a rank that has not ended (connection, staleness, its own word)."""
         if self.connection == LOST:
             return LOST
         if self.state is None:
@@ -136,13 +138,18 @@ class JobModel:
         return first_failure(e for e in (v.ending() for v in self.ranks.values()) if e is not None)
 
     def statuses(self, now: float) -> dict[int, str]:
-        """Status word of every rank at *now*, victims of a teardown as ``torn_down``."""
-        first = self.first_failure()
-        out: dict[int, str] = {}
-        for rank, view in sorted(self.ranks.items()):
+        """Status word of every rank at *now*, victims of a teardown as ``torn_down``.
+
+        One pass: the dashboard calls this at every redraw, for thousands of ranks.
+        """
+        ends: dict[int, Ending] = {}
+        for rank, view in self.ranks.items():
             ended = view.ending()
-            out[rank] = resolved_status(ended, first) if ended is not None else view.status(now)
-        return out
+            if ended is not None:
+                ends[rank] = ended
+        first = first_failure(ends.values()) if ends else None
+        return {rank: resolved_status(ends[rank], first) if rank in ends else view.live_status(now)
+                for rank, view in sorted(self.ranks.items())}
 
     def snapshot(self, now: float) -> JobSnapshot:
         """The model as a JobSnapshot (status words resolved at *now*)."""

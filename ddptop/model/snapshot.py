@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from ddptop.protocol import RankState
+from ddptop.status import ENDED
 
 
 class JobInfo(msgspec.Struct, kw_only=True):
@@ -43,7 +44,7 @@ def build_snapshot(job_id: str, world_size: int, states: list[RankState],
     info = JobInfo(
         id=job_id, world_size=max([world_size] + [s.world_size for s in states]), time=now,
         hosts=sorted({s.host for s in states}), backend=backends[0] if backends else "",
-        answered=sum(1 for s in states if s.status not in ("lost", "crashed", "exited")),
+        answered=sum(1 for s in states if s.status not in ENDED),
         unreachable=dict(sorted(unreachable.items())),
     )
     return JobSnapshot(job=info, ranks=states)

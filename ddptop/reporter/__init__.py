@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 
@@ -20,6 +21,29 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _reporter: object | None = None
 OWNER_ENV = "DDPTOP_OWNER_PID"
+AGENT_ENV = "DDPTOP_AGENT_PID"  # set by `ddptop launch`, which is the node agent itself
+RANK_VARS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE")
+
+
+def spawn_node_agent(job_id: str) -> None:
+    """Start the node agent that keeps this job's black box (no launcher here to do it).
+
+    ``python -m ddptop.agent`` in a session of its own: it outlives the ranks, sees their
+    exits and ends by itself when they are gone. Failure only costs the record.
+    """
+    if os.environ.get("DDPTOP_RECORD_MB", "").strip() in ("0", "0.0"):
+        return
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
+    env[AGENT_ENV] = "spawned"
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+    try:
+        subprocess.Popen([sys.executable, "-m", "ddptop.agent", "--job-id", job_id,
+                          "--rank-pid", str(os.getpid())], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+    except OSError as exc:
+        print(f"ddptop: no black box for this job: {exc}", file=sys.stderr)
 
 
 def is_rank_process(env: dict[str, str] | None = None) -> bool:
@@ -46,10 +70,13 @@ def install() -> bool:
             # Children inherit this and so know they are not the rank (spawned workers
             # run sitecustomize too).
             os.environ[OWNER_ENV] = str(os.getpid())
-            reporter = Reporter(config_from_env())
+            config = config_from_env()
+            reporter = Reporter(config)
             reporter.start()
             when_imported("torch", reporter.torch_imported)
             _reporter = reporter
+            if config.local_rank == 0 and AGENT_ENV not in os.environ:
+                spawn_node_agent(config.job_id)
             return True
         except Exception as exc:  # the job must run even if we cannot
             print(f"ddptop: reporter disabled in this rank: {exc}", file=sys.stderr)

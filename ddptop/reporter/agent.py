@@ -139,8 +139,11 @@ class Reporter:
             if self._last_words_written:
                 return
             if locked:
-                self.sample()
-                self._add_recent_ops()
+                try:  # at exit torch may be half torn down: the words matter more than the sample
+                    self.sample()
+                    self._add_recent_ops()
+                except Exception as exc:
+                    self._count_error(exc)
             self.state.status = status
             self.state.exit_reason = reason
             path = discovery.record_path(self.config.job_id, self.config.rank, "last")

@@ -24,8 +24,8 @@ STUCK_AFTER_S = 2.0  # a counter that has not moved for this long (rank's own cl
 
 # Mark words. Public: tests and docs/dashboard.md refer to them.
 LAG_SEQ, LAG_STEP, MISMATCH, BATCHES = "LAG-SEQ", "LAG-STEP", "MISMATCH", "BATCHES"
-STALE, LOST, CRASHED = "STALE", "LOST", "CRASHED"
-BAD_STATUS = {"stale": STALE, "lost": LOST, "crashed": CRASHED}
+STALE, LOST, CRASHED, TORN_DOWN = "STALE", "LOST", "CRASHED", "TORN-DOWN"
+BAD_STATUS = {"stale": STALE, "lost": LOST, "crashed": CRASHED, "terminated": CRASHED, "torn_down": TORN_DOWN}
 
 
 @dataclass(frozen=True)

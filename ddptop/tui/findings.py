@@ -14,17 +14,18 @@ log = logging.getLogger(__name__)
 
 
 def findings(model: JobModel, now: float) -> list[Finding]:
-    """Current findings, worst first."""
+    """Current findings in the engine's order: worst first, and within a severity the root
+    cause before its consequences (a diverging rank before the victim that aborted)."""
     try:
         found = findings_for_model(model, now)
     except Exception as exc:  # a broken rule must not blank the dashboard
         log.warning("diagnosis failed: %s", exc)
         return [Finding(kind="diagnosis_error", severity="info", ranks=[],
                         title=f"diagnosis failed: {type(exc).__name__}: {exc}")]
-    return sorted(found, key=lambda f: (-SEVERITY_ORDER[f.severity], f.ranks[:1]))
+    return found
 
 
 def worst(found: list[Finding]) -> Finding | None:
-    """The most severe finding (first after :func:`findings` sorted them)."""
+    """The most severe finding; of equals, the engine's first (the root cause)."""
     return max(found, key=lambda f: SEVERITY_ORDER[f.severity], default=None)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptop.model.job import JobModel, RankView
+from ddptop.status import Status
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
 from ddptop.tui.desync import RankFacts, facts_of, leads_of, marks_of
 
@@ -115,8 +116,9 @@ class RowBuilder:
         rows: list[RankRow] = []
         facts: list[RankFacts] = []
         statuses: dict[int, str] = {}
+        job_statuses = model.statuses(now)  # with job context: victims of a teardown are torn_down
         for rank, view in sorted(model.ranks.items()):
-            status = statuses[rank] = view.status(now)
+            status = statuses[rank] = job_statuses[rank]
             hist = view.history
             tail = hist[-1].time if hist else 0.0
             hit = memo.get(rank)
@@ -259,9 +261,9 @@ def mem_level(fraction: float | None) -> str:
 
 def status_level(row: RankRow) -> str:
     """Style level of the status cell (paired with the status word itself)."""
-    if row.status in ("lost", "crashed"):
+    if row.status in (Status.LOST, Status.CRASHED, Status.TERMINATED):
         return "bad"
-    if row.status in ("stale", "unknown", "starting"):
+    if row.status in (Status.STALE, Status.TORN_DOWN, "unknown", Status.STARTING):
         return "warn"
     return "ok" if row.status == "running" else ""
 

@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
+from ddptop.status import ENDED, Status
 from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
@@ -20,15 +21,16 @@ def attach_state(statuses: dict[int, str], world_size: int) -> tuple[str, str]:
     """('connected 4/4' | '1 stale (rank 2), 1 lost (rank 3)', level) from status words."""
     bad: dict[str, list[int]] = {}
     for rank, status in statuses.items():
-        if status in ("stale", "lost", "crashed"):
+        if status == Status.STALE or (status in ENDED and status != Status.EXITED):
             bad.setdefault(status, []).append(rank)
     world = max(world_size, len(statuses))
-    answering = sum(1 for s in statuses.values() if s not in ("stale", "lost", "crashed", "exited"))
+    answering = sum(1 for s in statuses.values() if s != Status.STALE and s not in ENDED)
     if not bad:
         return f"connected {answering}/{world}", "ok" if answering == world else "warn"
     parts = [f"{len(r)} {k} (rank{'s' if len(r) > 1 else ''} {rank_ranges(r)})"
              for k, r in sorted(bad.items())]
-    return "⚠ " + ", ".join(parts), "bad" if ("lost" in bad or "crashed" in bad) else "warn"
+    serious = {Status.LOST, Status.CRASHED, Status.TERMINATED} & set(bad)
+    return "⚠ " + ", ".join(parts), "bad" if serious else "warn"
 
 
 def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = "live",

@@ -1,0 +1,95 @@
+"""``python -m ddptop.agent --job-id JOB``: the node agent without ``ddptop launch``.
+
+A job started with ``ddptop.install()`` in the script has no launcher to outlive its
+ranks, so local rank 0's reporter spawns this process (in a session of its own) to keep
+the job's black box on this host. One agent per job and host: a lock file in the job's
+record directory keeps a second one from starting. It ends by itself once every rank it
+saw is gone (or none appeared within ``--first-rank-s``, or ``--seconds`` passed), and
+prints a JSON summary on stdout (the recording benchmark reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from ddptop import discovery
+from ddptop.agent import jobrecord
+from ddptop.agent.node import NodeAgent
+from ddptop.agent.recording import DEFAULT_CAP_BYTES
+from ddptop.errors import DdptopError
+
+LOCK_FILE = "agent.lock"
+
+
+def _lock(job_id: str) -> bool:
+    """Take the job's agent lock on this host; False if a live agent holds it."""
+    path = jobrecord.job_dir(job_id, create=True) / LOCK_FILE
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text().strip() or "0")
+            except (OSError, ValueError):
+                holder = 0
+            if holder and discovery.pid_alive(holder):
+                return False
+            path.unlink(missing_ok=True)  # a dead agent's lock
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Record the job until its ranks are gone; print a JSON summary."""
+    parser = argparse.ArgumentParser(prog="python -m ddptop.agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--record-mb", type=float, default=DEFAULT_CAP_BYTES / 1024 / 1024)
+    parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: when ranks end)")
+    parser.add_argument("--first-rank-s", type=float, default=60.0, help="give up if no rank appears by then")
+    parser.add_argument("--rank-pid", type=int, default=0,
+                        help="the rank that spawned this agent: once it is gone and no rank runs, stop")
+    args = parser.parse_args(argv)
+    try:
+        if not discovery.is_safe_job_id(args.job_id):
+            raise DdptopError(f"not a job id: {args.job_id[:40]!r}")
+        if not _lock(args.job_id):
+            return 0  # another agent already keeps this job's record here
+        agent = NodeAgent(args.job_id, [], int(args.record_mb * 1024 * 1024), record=args.record_mb > 0)
+    except (DdptopError, OSError) as exc:
+        print(f"ddptop agent: {exc}", file=sys.stderr)
+        return 2
+    began = time.monotonic()
+    agent.start()
+    try:
+        while True:
+            time.sleep(0.2)
+            elapsed = time.monotonic() - began
+            if args.seconds and elapsed >= args.seconds:
+                break
+            seen = agent.ranks_seen
+            if not seen and (elapsed >= args.first_rank_s
+                             or (args.rank_pid and not discovery.pid_alive(args.rank_pid))):
+                break
+            if seen and agent.ranks_running == 0:
+                break
+    except KeyboardInterrupt:
+        pass
+    record = agent.finish(None, grace_s=2.0)
+    (jobrecord.job_dir(args.job_id) / LOCK_FILE).unlink(missing_ok=True)
+    summary = {"job_id": args.job_id, "ranks": len(record.ranks),
+               "seconds": round(time.monotonic() - began, 3), "record_bytes": record.record_bytes,
+               "frames": agent.recording.frames if agent.recording else 0,
+               "compactions": agent.recording.compactions if agent.recording else 0}
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

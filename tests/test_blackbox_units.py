@@ -1,0 +1,191 @@
+"""The black box's parts on real files and real processes: the capped two-tier recording,
+reading a job record back, retention, the runtime directory's safety, exits seen by pidfd,
+and who failed first."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ddptop import discovery
+from ddptop.agent import jobrecord
+from ddptop.agent.exits import ExitWatcher, decode_wait_status
+from ddptop.agent.jobrecord import JobRecord, RankOutcome
+from ddptop.agent.recording import JobRecording
+from ddptop.bundle.format import SCHEMA_VERSION, Manifest
+from ddptop.bundle.record_dir import read_recording
+from ddptop.errors import RuntimeDirError
+from ddptop.model.job import JobModel
+from ddptop.protocol import CollectiveGroup, ConnectionEvent, RankExit, RankState, RecordEntry, StateMsg
+from tests.jobs import ddptop_cmd
+
+MANIFEST = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=1000.0, job_id="bb",
+                    world_size=8, ddptop_version="test")
+
+
+def state(rank: int, t: float, step: int) -> RecordEntry:
+    st = RankState(rank=rank, local_rank=rank, world_size=8, host="h", pid=100 + rank, job_id="bb", time=t,
+                   step=step, collectives=[CollectiveGroup(pg="0", seq=3 * step)])
+    return RecordEntry(time=t, rank=rank, message=StateMsg(state=st))
+
+
+def test_recording_stays_under_its_cap_and_keeps_the_end_in_full(tmp_path: Path) -> None:
+    cap = 256 * 1024
+    rec = JobRecording(tmp_path, MANIFEST, cap_bytes=cap, segment_s=3600.0, stride_s=1.0)
+    peak = 0
+    ticks = 6000
+    for tick in range(ticks):
+        for rank in range(8):
+            rec.write(state(rank, 1000.0 + tick, tick))
+        if tick == 10:
+            rec.write(ConnectionEvent(time=1010.0, rank=3, status="lost", reason="test"))
+        if tick % 50 == 0:
+            peak = max(peak, rec.bytes_on_disk)
+    rec.write(RankExit(time=1000.0 + ticks, rank=5, pid=105, signal="SIGSEGV"))
+    rec.close("test")
+    peak = max(peak, rec.bytes_on_disk)
+    assert rec.compactions >= 1, "the history never outgrew half the cap: the test proves nothing"
+    assert peak <= cap and rec.bytes_on_disk <= cap, (peak, rec.bytes_on_disk, cap)
+    contents = read_recording(tmp_path)
+    events = contents.events
+    assert [e.time for e in events] == sorted(e.time for e in events)
+    # Nothing that is not a periodic state is thinned away, however old.
+    assert any(isinstance(e, ConnectionEvent) and e.time == 1010.0 for e in events)
+    assert any(isinstance(e, RankExit) and e.rank == 5 for e in events)
+    # The last minutes are there at full rate: every tick of the newest 100, for every rank.
+    last = {(e.rank, e.time) for e in events if isinstance(e, RecordEntry)}
+    assert all((r, 1000.0 + t) in last for r in range(8) for t in range(ticks - 100, ticks))
+    # Older history is thinned, not gone: the first hour still has states.
+    assert any(isinstance(e, RecordEntry) and e.time < 1000.0 + 600 for e in events)
+    # Each state once, though history and the recent tier may both hold it.
+    keys = [(e.rank, e.time) for e in events if isinstance(e, RecordEntry)]
+    assert len(keys) == len(set(keys))
+
+
+def test_job_model_torn_down_after_the_first_failure() -> None:
+    model = JobModel(job_id="j", world_size=4)
+    for rank in range(4):
+        model.apply(state(rank, 100.0, 7))
+    model.apply(RankExit(time=101.0, rank=2, pid=102, signal="SIGKILL"))
+    for rank in (0, 1, 3):
+        model.apply(RankExit(time=101.2, rank=rank, pid=100 + rank, signal="SIGTERM"))
+    assert model.statuses(102.0) == {0: "torn_down", 1: "torn_down", 2: "crashed", 3: "torn_down"}
+    snap = {s.rank: s for s in model.snapshot(102.0).ranks}
+    assert snap[2].exit_signal == "SIGKILL" and snap[2].exited_at == 101.0
+    # Stopped alone (a person's Ctrl-C): nobody failed first, so nobody is a victim.
+    calm = JobModel(job_id="j", world_size=2)
+    for rank in range(2):
+        calm.apply(state(rank, 100.0, 7))
+        calm.apply(RankExit(time=101.0, rank=rank, pid=100 + rank, signal="SIGTERM"))
+    assert calm.first_failure() is not None  # the earliest stop is still named
+    assert set(calm.statuses(102.0).values()) <= {"terminated", "torn_down"}
+
+
+def _record(job_id: str, start: float, end: float, agent_pid: int = 0) -> None:
+    outcome = RankOutcome(rank=0, pid=1, status="exited")
+    jobrecord.write_record(JobRecord(job_id=job_id, host="h", start_time=start, end_time=end,
+                                     agent_pid=agent_pid, ranks=[outcome]))
+    (jobrecord.job_dir(job_id) / "history.ddptop").write_bytes(b"x" * 100_000)
+    discovery.record_path(job_id, 0, "crash").write_text("# crash file\n")
+
+
+def test_prune_by_age_then_size_never_a_running_job(runtime_dir: Path) -> None:
+    now = time.time()
+    _record("old", now - 10 * 86400, now - 9 * 86400)
+    _record("mid", now - 3 * 86400, now - 2 * 86400)
+    _record("new", now - 3600, now - 60)
+    _record("run", now - 7200, 0.0, agent_pid=os.getpid())  # still running: never pruned
+    _record("old.x", now - 3600, now - 60)  # an id that starts like another's
+    result = jobrecord.prune(max_age_s=7 * 86400, max_total_bytes=350_000, now=now)
+    assert result.removed == ["old", "mid"], result
+    left = sorted(r.job_id for r in jobrecord.list_records())
+    assert left == ["new", "old.x", "run"]
+    assert not discovery.record_path("old", 0, "crash").exists()
+    assert discovery.record_path("old.x", 0, "crash").exists()
+    res = subprocess.run(ddptop_cmd("jobs", "--prune", "--keep-days", "0"), capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0 and "pruned 2 job(s)" in res.stdout, res
+    assert [r.job_id for r in jobrecord.list_records()] == ["run"]
+
+
+def test_jobs_lists_ended_jobs_with_outcomes(runtime_dir: Path) -> None:
+    jobrecord.write_record(JobRecord(
+        job_id="done", host="h", command=["torchrun", "x.py"], start_time=time.time() - 60,
+        end_time=time.time() - 5, exit_code=1, world_size=2,
+        ranks=[RankOutcome(rank=0, pid=1, status="torn_down", signal="SIGTERM", time=2.0),
+               RankOutcome(rank=1, pid=2, status="crashed", signal="SIGSEGV", time=1.0)]))
+    res = subprocess.run(ddptop_cmd("jobs", "--json"), capture_output=True, text=True, timeout=60,
+                         check=False)
+    row = json.loads(res.stdout)["jobs"][0]
+    assert (row["job_id"], row["state"], row["exit_code"]) == ("done", "ended", 1)
+    assert [o["status"] for o in row["outcome"]] == ["torn_down", "crashed"]
+    table = subprocess.run(ddptop_cmd("jobs"), capture_output=True, text=True, timeout=60, check=False)
+    assert "rank 1 crashed (SIGSEGV), 1 torn down" in table.stdout, table.stdout
+
+
+def test_runtime_dir_symlink_or_foreign_owner_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    env = dict(os.environ, DDPTOP_RUNTIME_DIR=str(link))
+    res = subprocess.run(ddptop_cmd("launch", "--", sys.executable, "-c", "pass"), env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "is not a directory (a symlink?)" in res.stderr, res
+    assert "Traceback" not in res.stderr and not list(real.iterdir())
+    with pytest.raises(RuntimeDirError):
+        discovery.check_private_dir(link)
+    if os.getuid() != 0:
+        pytest.skip("making a directory another user's needs root (chown)")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    with pytest.raises(RuntimeDirError, match="belongs to uid 65534"):
+        discovery.check_private_dir(foreign)
+
+
+def test_exit_watcher_reads_codes_and_signals_of_processes() -> None:
+    code = subprocess.Popen([sys.executable, "-c", "import os; os._exit(3)"])
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watcher = ExitWatcher()
+    try:
+        watcher.watch(1, code.pid)
+        watcher.watch(2, killed.pid)
+        os.kill(killed.pid, signal.SIGKILL)
+        seen = {}
+        deadline = time.monotonic() + 30
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for gone in watcher.poll(0.5):
+                seen[gone.key] = gone
+        assert (seen[1].exit_code, seen[1].signal) == (3, "")
+        assert (seen[2].exit_code, seen[2].signal) == (None, "SIGKILL")
+    finally:
+        watcher.close()
+        for proc in (code, killed):
+            proc.kill()
+            proc.wait(timeout=10)
+    # A process already reaped when watching starts: gone, status unknown.
+    done = subprocess.run([sys.executable, "-c", "pass"], check=True)
+    del done
+    gone_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_pid.wait(timeout=30)
+    late = ExitWatcher()
+    late.watch(7, gone_pid.pid)
+    (only,) = late.poll(0)
+    assert only.key == 7 and not only.known
+    late.close()
+    assert decode_wait_status(11) == (None, "SIGSEGV") and decode_wait_status(256) == (1, "")
+
+
+def test_job_record_rejects_a_record_naming_another_directory(runtime_dir: Path) -> None:
+    jobrecord.write_record(JobRecord(job_id="a", host="h"))
+    (jobrecord.job_dir("a") / "job.json").write_bytes(msgspec.json.encode(JobRecord(job_id="../b", host="h")))
+    assert jobrecord.list_records() == []
