@@ -45,6 +45,8 @@ from ddptop.reporter.system import SystemSampler
 
 log = logging.getLogger(__name__)
 
+LOADERS_GONE_SHOWN = 4  # loaders no longer referenced that RankState.loaders still lists
+
 
 class Reporter:
     """State, history and server of one rank."""
@@ -194,7 +196,11 @@ class Reporter:
         train = choose_training(records, self._loader_steps, self._train_loader, p)
         self._train_loader = train
         self._loader_steps = {id(r): r.steps for r in records}
-        s.loaders = [self._loader_info(r, steps) for r in records if r.alive or r is train]
+        # Loaders that are gone keep their final numbers on show, the latest few only (an
+        # evaluation loader built per evaluation would otherwise fill the list).
+        gone = [r for r in records if r is not train and not r.alive][-LOADERS_GONE_SHOWN:]
+        s.loaders = [self._loader_info(r, steps) for r in records
+                     if r.alive or r is train or r in gone]
         if train is None:
             s.epoch, s.batch, s.batches_per_epoch, s.last_batch_at = 0, 0, None, 0.0
             return
@@ -214,7 +220,7 @@ class Reporter:
         ready, workers, pids = loader_queue_depth(it) if it is not None else (None, 0, [])
         return LoaderInfo(
             index=rec.index, name=rec.name, role=role_of(rec, steps_counted), length=rec.length,
-            batch=rec.batch, passes=rec.passes, passes_completed=rec.completed, steps=rec.steps,
+            batch=rec.batch, passes=rec.passes, passes_completed=rec.passes_done(), steps=rec.steps,
             batch_size=rec.batch_size, workers=workers, worker_pids=pids, ready_batches=ready,
             last_batch_at=wall_of(rec.last_pc))
 

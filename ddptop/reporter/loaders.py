@@ -53,6 +53,16 @@ class LoaderRecord:
             self.completed_pass = self.passes
             self.completed += 1
 
+    def passes_done(self) -> int:
+        """Passes completed: ended by StopIteration, or yielded ``len(loader)`` batches.
+
+        Trainers that know the length stop there without asking the iterator for more
+        (Lightning), so StopIteration alone would miss their passes.
+        """
+        current = self.completed_pass != self.passes and self.length is not None \
+            and self.passes > 0 and self.batch >= self.length
+        return self.completed + int(current)
+
     @property
     def alive(self) -> bool:
         """Whether the loader object still exists."""
@@ -137,6 +147,8 @@ def start_pass(p: Progress, loader: Any, it: Any) -> None:
     rec = record_for(p, loader)
     rec.iterator = weakref.ref(it)
     it._ddptop_rec = rec
+    rec.completed = rec.passes_done()
+    rec.completed_pass = rec.passes
     rec.passes += 1
     rec.batch = 0
     try:
