@@ -90,12 +90,6 @@ class Progress:
         """Wall clock of the latest step (0.0 before the first)."""
         return wall_of(self.last_step_pc)
 
-    @property
-    def last_batch_at(self) -> float:
-        """Wall clock of the latest training batch (0.0 before the first)."""
-        rec = self.train_rec or self.last_started
-        return wall_of(rec.last_pc) if rec is not None else 0.0
-
 
 def wall_of(pc: float) -> float:
     """Wall clock of a perf_counter stamp (0.0 for none)."""
