@@ -1,7 +1,7 @@
 """What the reporter costs a training job: step-time overhead and per-batch / per-step cost.
 
     .venv/bin/python bench/reporter_overhead.py [--rounds 4] [--steps 1000] [--nproc 2]
-        [--block 600 --blocks 12 --block-jobs 2]
+        [--block 600 --blocks 12 --block-jobs 2 --groups 1,4]
 
 1. A/B step time of a small DDP job (gloo, CPU): the same script run by plain
    ``torchrun`` (A) and by ``ddptop launch -- torchrun`` (B), alternating A, B, A, B...
@@ -12,7 +12,10 @@
 2. In-job A/B (``--block N``, default 400; 0 skips it): one job under ddptop whose
    ranks stop and restart the reporter's sampling thread every N steps (off, on, off...),
    in step; each "on" block is compared with its "off" neighbours in the same processes,
-   so between-job noise cancels.
+   so between-job noise cancels. Run for each ``--groups`` count (default 1 and 4: the
+   default group, two that all-reduce every step, one idle), with the reporter thread's
+   CPU per wall second while sampling (its GIL time: Python runs only with the GIL
+   held) and the longest single sample.
 3. Microbenchmarks in this process (timeit, best of several repeats, A/B interleaved):
    the patched ``_BaseDataLoaderIter.__next__`` against the original (around a no-op,
    which isolates the hook, and on a real single-process iterator), and the optimizer
@@ -42,6 +45,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
+# This checkout's ddptop, also in the benchmark process itself (its ranks import it too).
+sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 MARK = "DDPTOP_BENCH "
 
@@ -49,12 +54,16 @@ MARK = "DDPTOP_BENCH "
 # ---------------------------------------------------------------- the training job
 
 
-def worker(steps: int, warmup: int, block: int = 0) -> None:
+def worker(steps: int, warmup: int, block: int = 0, groups: int = 1) -> None:
     """Train a small DDP MLP for *steps* timed steps; rank 0 prints the step times.
 
     With *block* > 0 (and a reporter), the reporter's sampling thread is stopped and
     restarted every *block* steps (off, on, off, ...), in step on every rank, and rank 0
-    also prints each block's median step time: the in-job A/B.
+    also prints each block's median step time: the in-job A/B, with the reporter
+    thread's CPU time per wall second while sampling (its GIL time, see reporter_cpu_s).
+    With *groups* > 1 the job has that many process groups: the default one, groups - 2
+    that all-reduce a small tensor every step, and one that stays idle (a TP or metrics
+    group that never runs a collective).
     """
     import torch
     import torch.distributed as dist
@@ -70,6 +79,12 @@ def worker(steps: int, warmup: int, block: int = 0) -> None:
     model = DDP(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                               nn.Linear(256, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    extra = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(max(0, groups - 1))]
+    active = extra[:-1]  # the last extra group stays idle
+    small = torch.zeros(8)
+    on_cpu = on_wall = 0.0
+    block_start = (0.0, 0.0)
+    worst_sample = 0.0
     times: list[float] = []
     cpu0 = rep0 = 0.0
     last = time.perf_counter()
@@ -80,13 +95,20 @@ def worker(steps: int, warmup: int, block: int = 0) -> None:
             rep0 = reporter_cpu_s()
         if block and i >= warmup and (i - warmup) % block == 0:
             sampling = ((i - warmup) // block) % 2 == 1
+            if blocks and blocks[-1][0]:  # an "on" block ends: its reporter CPU per wall second
+                on_cpu += reporter_cpu_s() - block_start[0]
+                on_wall += time.perf_counter() - block_start[1]
             set_sampling(sampling)
+            block_start = (reporter_cpu_s(), time.perf_counter())
             blocks.append((sampling, []))
             last = time.perf_counter()  # the toggle itself is not a training step
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        for group in active:
+            dist.all_reduce(small, group=group)
+        worst_sample = max(worst_sample, last_sample_cost())
         now = time.perf_counter()
         times.append(now - last)  # the whole step, DataLoader fetch included
         if blocks:
@@ -103,7 +125,9 @@ def worker(steps: int, warmup: int, block: int = 0) -> None:
         print(MARK + json.dumps({"median": statistics.median(times), "mean": statistics.fmean(times),
                                  "cpu": cpu, "reporter_cpu": rep, "n": len(times),
                                  "reporter_cpu_total": rep * timed, "reporter_cpu_startup": rep0,
-                                 "blocks": [[on, statistics.median(ts)] for on, ts in blocks if ts]}),
+                                 "blocks": [[on, statistics.median(ts)] for on, ts in blocks if ts],
+                                 "reporter_cpu_per_s": on_cpu / on_wall if on_wall else None,
+                                 "worst_sample_s": worst_sample, "fr": fr_reads()}),
               flush=True)
     dist.destroy_process_group()
 
@@ -137,6 +161,22 @@ def set_sampling(on: bool) -> None:
 _retired_cpu_s = 0.0  # CPU of reporter threads stopped by set_sampling
 
 
+def last_sample_cost() -> float:
+    """CPU time of the reporter's latest sample (thread_time around sample(); 0 without one)."""
+    from ddptop.reporter import current
+
+    stats = getattr(current(), "stats", None)
+    return float(getattr(stats, "sample_cost_s", 0.0))
+
+
+def fr_reads() -> list[int]:
+    """[status-only, full] Flight Recorder dumps this rank's reporter made."""
+    from ddptop.reporter import current
+
+    tracker = getattr(current(), "collectives", None)
+    return [int(getattr(tracker, "status_reads", 0)), int(getattr(tracker, "full_reads", 0))]
+
+
 def reporter_cpu_s() -> float:
     """CPU seconds the ddptop reporter thread of this process used so far (0.0 without one).
 
@@ -167,11 +207,11 @@ def run_job(with_reporter: bool, nproc: int, steps: int, warmup: int,
 
 
 def run_job_raw(with_reporter: bool, nproc: int, steps: int, warmup: int, runtime_dir: str,
-                block: int = 0) -> dict[str, Any]:
+                block: int = 0, groups: int = 1) -> dict[str, Any]:
     """Run one job; rank 0's result line as a dict."""
     torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc),
                 str(Path(__file__).resolve()), "--steps", str(steps), "--warmup", str(warmup),
-                "--block", str(block)]
+                "--block", str(block), "--groups", str(groups)]
     env = dict(os.environ, OMP_NUM_THREADS="1", DDPTOP_RUNTIME_DIR=runtime_dir)
     env.pop("DDPTOP_DISABLE", None)
     cmd = [sys.executable, "-m", "ddptop", "launch", "--", *torchrun] if with_reporter else torchrun
@@ -209,29 +249,24 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
     from torch.utils.data import DataLoader, Sampler
     from torch.utils.data import dataloader as dl
 
-    from ddptop.reporter import progress
+    from ddptop.reporter import loaders, progress
 
     rows: list[tuple[str, float, float]] = []
     p = progress.PROGRESS
     base = dl._BaseDataLoaderIter
     assert not getattr(base, "_ddptop_patched", False), "run the bench outside ddptop launch"
 
-    # (a) The wrapper alone: patch around a no-op __next__, then restore.
-    real_next, real_iter = base.__next__, DataLoader.__iter__
-
+    # (a) The wrapper alone, around a no-op __next__, on an iterator that has its loader's
+    # record (the worst case: every batch of every tracked loader takes this path).
     class Fake:
         _num_yielded = 0
+        _ddptop_rec = loaders.LoaderRecord(0, DataLoader([1.0]))
 
     def noop(self: Any) -> Any:
         return None
 
-    base.__next__ = noop  # type: ignore[method-assign]
-    progress._patch_dataloader()
-    wrapped_noop = base.__next__
-    base.__next__, DataLoader.__iter__ = real_next, real_iter  # type: ignore[method-assign]
-    base._ddptop_patched = False
+    wrapped_noop = loaders.make_next(noop, p)
     fake = Fake()
-    p.primary_iter_id = id(fake)  # worst case: the training loader's iterator
     a, b = ab(lambda: noop(fake), lambda: wrapped_noop(fake), number, rounds)
     rows.append(("DataLoader __next__ hook alone (around a no-op)", a * 1e6, b * 1e6))
 
@@ -246,10 +281,9 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
 
     loader = DataLoader([1.0], batch_size=None, sampler=Forever())
     it = iter(loader)
+    loaders.start_pass(p, loader, it)  # what the patched DataLoader.__iter__ does
     original_next = base.__next__
-    progress._patch_dataloader()
-    patched_next = base.__next__
-    p.primary_iter_id = id(it)
+    patched_next = loaders.make_next(original_next, p)
     a, b = ab(lambda: original_next(it), lambda: patched_next(it), number // 4, rounds)
     rows.append(("DataLoader __next__, real iterator (batch_size=None)", a * 1e6, b * 1e6))
 
@@ -257,7 +291,7 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
     param = torch.zeros(1, requires_grad=True)
     param.grad = torch.zeros(1)
     opt = torch.optim.SGD([param], lr=0.0)
-    p.optimizer_id = id(opt)
+    p.optimizer_id, p.batch_seq = id(opt), 0  # a loop without loaders: counted by optimizer
     a, b = ab(lambda: None, lambda: progress._optimizer_post_hook(opt, (), {}), number, rounds)
     rows.append(("optimizer post hook alone (direct call vs no-op)", a * 1e6, b * 1e6))
     without: list[float] = []
@@ -272,7 +306,7 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
     return rows
 
 
-def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int) -> None:
+def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int, groups: int = 1) -> dict[str, Any]:
     """Print the in-job A/B: blocks of *block* steps with the sampling thread off, then on.
 
     Every block is compared with its neighbours of the other kind in the same processes,
@@ -281,9 +315,16 @@ def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int) -> No
     offs: list[float] = []
     ons: list[float] = []
     pair_ratios: list[float] = []
+    gil: list[float] = []
+    worst = 0.0
+    fr = [0, 0]
     with tempfile.TemporaryDirectory(prefix="ddptop-bench-") as rt:
         for j in range(jobs):
-            result = run_job_raw(True, nproc, block * blocks, warmup, rt, block=block)
+            result = run_job_raw(True, nproc, block * blocks, warmup, rt, block=block, groups=groups)
+            if result.get("reporter_cpu_per_s") is not None:
+                gil.append(float(result["reporter_cpu_per_s"]))
+            worst = max(worst, float(result.get("worst_sample_s", 0.0)))
+            fr = [a + b for a, b in zip(fr, result.get("fr", [0, 0]), strict=True)]
             seq = [(bool(on), float(med)) for on, med in result["blocks"]]
             for (on_a, a), (on_b, b) in itertools.pairwise(seq):
                 if on_a != on_b:  # every off/on neighbour pair, both orders
@@ -297,13 +338,34 @@ def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int) -> No
     lo, hi = pair_ratios[len(pair_ratios) // 4], pair_ratios[(3 * len(pair_ratios)) // 4]
     print()
     print(f"## in-job A/B: reporter sampling thread off/on in blocks of {block} steps, "
-          f"{blocks} blocks x {jobs} jobs, {nproc} ranks")
+          f"{blocks} blocks x {jobs} jobs, {nproc} ranks, {groups} process group(s)")
     print("| | median step ms | |")
     print("|---|---:|---|")
     print(f"| sampling off | {statistics.median(offs) * 1e3:.3f} | hooks installed |")
     print(f"| sampling on | {statistics.median(ons) * 1e3:.3f} | |")
     print(f"| on/off, median of {len(pair_ratios)} neighbour pairs | {ratio:.4f} "
           f"({(ratio - 1) * 100:+.2f} %) | interquartile {lo:.4f}..{hi:.4f}; target <= +0.5 % |")
+    print()
+    return {"groups": groups, "ratio": ratio, "lo": lo, "hi": hi,
+            "gil_ms_per_s": statistics.median(gil) * 1e3 if gil else float("nan"),
+            "worst_sample_ms": worst * 1e3, "fr": fr, "jobs": jobs}
+
+
+def print_groups_table(rows: list[dict[str, Any]], nproc: int, block: int) -> None:
+    """The in-job A/B and the reporter's GIL time per second, by number of process groups."""
+    print(f"## reporter cost by process groups (in-job A/B, {nproc} ranks, blocks of {block} steps; "
+          "4 groups = default + 2 busy + 1 idle)")
+    print("| process groups | step time on/off | interquartile | reporter GIL ms per s "
+          "| longest sample ms | FR dumps status/full (rank 0, all jobs) |")
+    print("|---:|---:|---|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['groups']} | {r['ratio']:.4f} ({(r['ratio'] - 1) * 100:+.2f} %) | "
+              f"{r['lo']:.4f}..{r['hi']:.4f} | {r['gil_ms_per_s']:.3f} | {r['worst_sample_ms']:.2f} | "
+              f"{r['fr'][0]}/{r['fr'][1]} |")
+    print("GIL ms per s: CPU time of the reporter thread per wall second while it samples, read from "
+          "/proc/self/task/<tid>/schedstat\n(Python code runs only with the GIL held, so this bounds the "
+          "GIL time from above, whatever sys.getswitchinterval() is);\nlongest sample: thread_time() of "
+          "the costliest single sample() seen by the training thread.")
     print()
 
 
@@ -324,9 +386,11 @@ def main() -> int:
                         help="in-job A/B: steps per block of reporter sampling off/on (0: skip)")
     parser.add_argument("--blocks", type=int, default=12, help="in-job A/B: blocks per job")
     parser.add_argument("--block-jobs", type=int, default=2, help="in-job A/B: jobs")
+    parser.add_argument("--groups", default="1,4",
+                        help="in-job A/B: process group counts to run, comma-separated (default 1,4)")
     args = parser.parse_args()
     if "RANK" in os.environ:
-        worker(args.steps, args.warmup, args.block)
+        worker(args.steps, args.warmup, args.block, int(str(args.groups).split(",")[0]))
         return 0
 
     print(f"# reporter overhead  (python {sys.version.split()[0]}, {os.cpu_count()} cores, "
@@ -376,7 +440,10 @@ def main() -> int:
               "noise-free part of the overhead)")
         print()
     if args.block:
-        in_job_ab(args.nproc, args.block, args.blocks, args.block_jobs, args.warmup)
+        counts = [int(g) for g in str(args.groups).split(",") if g.strip()]
+        table = [in_job_ab(args.nproc, args.block, args.blocks, args.block_jobs, args.warmup, g)
+                 for g in counts]
+        print_groups_table(table, args.nproc, args.block)
     rows = micro(args.number, rounds=9)
     print("## added cost on the training thread (best of 9 interleaved runs)")
     print("| hot path | original (us) | with ddptop (us) | added (us) |")

@@ -88,6 +88,7 @@ class ParamFingerprint(msgspec.Struct, gc=False, kw_only=True):
     shapes_hash: str
     wrapper: str = ""  # DistributedDataParallel / FullyShardedDataParallel
     shapes: list[tuple[str, list[int]]] = []  # (name, shape), capped
+    dtensors: int = 0  # parameters that are DTensors (FSDP2, TP): global shapes, placements hashed
 
 
 class RngFingerprint(msgspec.Struct, gc=False, kw_only=True):
@@ -129,6 +130,29 @@ class WorkerCrash(msgspec.Struct, gc=False, kw_only=True):
     signal: str = ""  # "Segmentation fault", "Killed"...
     stack: list[str] = []  # the faulting thread's frames, innermost first (faulthandler)
     crash_file: str = ""  # base name of its crash file on the rank's host
+
+
+class LoaderInfo(msgspec.Struct, gc=False, kw_only=True):
+    """One DataLoader object of a rank: its length and where its current pass is.
+
+    ``role`` tells the training loader (its batches drive optimizer steps) from the
+    others: ``train`` for the loader that fed the latest steps, ``eval`` for a loader
+    that fed none while steps were counted, ``""`` while no step has been taken yet.
+    """
+
+    index: int  # order of first iteration on this rank (the same on every rank for the same code)
+    name: str  # loader class (dataset class), e.g. "DataLoader(TensorDataset)"
+    role: str = ""  # train / eval / "" (undecided: no optimizer step yet)
+    length: int | None = None  # len(loader) on this rank at the start of its latest pass
+    batch: int = 0  # batches taken in the current pass
+    passes: int = 0  # passes started (iter() calls)
+    passes_completed: int = 0  # passes that ran to StopIteration
+    steps: int = 0  # optimizer steps its batches fed
+    batch_size: int | None = None
+    workers: int = 0
+    worker_pids: list[int] = []
+    ready_batches: int | None = None  # prefetched, unconsumed batches of its live iterator
+    last_batch_at: float = 0.0  # wall clock of its latest batch
 
 
 class RankState(msgspec.Struct, gc=False, kw_only=True):
@@ -183,6 +207,8 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     exit_signal: str = ""  # "SIGSEGV", "SIGTERM"... when a signal ended it
     exited_at: float = 0.0  # wall clock of the exit, as the agent saw it
     worker_crashes: list[WorkerCrash] = []  # forked children that died (agent-filled)
+    # every DataLoader this rank iterated (the fields above describe the training one)
+    loaders: list[LoaderInfo] = []
 
 
 class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):

@@ -74,3 +74,21 @@ def stop_together(end: float, device: torch.device) -> bool:
     flag = torch.tensor([1.0 if time.monotonic() > end else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item() > 0)
+
+
+def hold_until_released(end: float) -> None:
+    """After training: mark this rank as done and wait for the test to release it.
+
+    The framework probes keep their final numbers on show: each rank writes
+    ``$PROBE_RELEASE.held<rank>`` and waits (bounded by *end*, monotonic) until the file
+    ``$PROBE_RELEASE`` appears. Without PROBE_RELEASE it returns at once. No collective
+    runs while ranks wait, so a rank released first cannot hang its peers.
+    """
+    release = os.environ.get("PROBE_RELEASE", "")
+    if not release:
+        return
+    rank = os.environ.get("RANK", "0")
+    with open(f"{release}.held{rank}", "w") as marker:
+        marker.write(f"{time.time()}\n")
+    while not os.path.exists(release) and time.monotonic() < end:
+        time.sleep(0.05)  # polling a file: the test's release is the condition

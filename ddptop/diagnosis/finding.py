@@ -16,7 +16,7 @@ SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 KINDS: frozenset[str] = frozenset((
     "unequal_batches", "collective_mismatch", "collective_stall", "straggler", "input_bound",
     "cpu_oversubscribed", "shm_pressure", "rank_lost", "param_mismatch", "version_mismatch",
-    "gpu_heterogeneous", "rng_divergence",
+    "gpu_heterogeneous", "rng_divergence", "unequal_eval_batches",
 ))
 
 

@@ -30,8 +30,22 @@ log = logging.getLogger(__name__)
 
 def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                     config: DiagnosisConfig) -> list[Finding]:
-    """Loader lengths (batches per epoch) differ across ranks: a desync at the epoch's end."""
-    counts = {s.rank: s.batches_per_epoch for s in active(snapshot) if s.batches_per_epoch is not None}
+    """Loader lengths differ across ranks: a desync at the end of an epoch or an evaluation.
+
+    The training loader (``batches_per_epoch``: the loader whose batches drive optimizer
+    steps) gives ``unequal_batches``; evaluation loaders that several ranks iterate give
+    ``unequal_eval_batches`` (see :func:`_unequal_eval`).
+    """
+    return _unequal_train(snapshot) + _unequal_eval(snapshot)
+
+
+def _unequal_train(snapshot: JobSnapshot) -> list[Finding]:
+    states = [s for s in active(snapshot) if s.batches_per_epoch is not None]
+    # A rank whose first optimizer step is still to come reports the loader it iterated
+    # last (a sanity-check validation loader, say): compare it only once it knows its
+    # training loader, unless no rank knows one yet.
+    decided = [s for s in states if any(info.role == "train" for info in s.loaders)]
+    counts = {s.rank: s.batches_per_epoch for s in (decided or states) if s.batches_per_epoch is not None}
     if len(counts) < 2 or len(set(counts.values())) < 2:
         return []
     (majority, votes), *rest = Counter(counts.values()).most_common()
@@ -61,6 +75,38 @@ def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], n
                 "np.random.seed(...); numpy is not seeded by torch.manual_seed; use DistributedSampler "
                 "(drop_last=True for uneven shards)"),
     )]
+
+
+def _unequal_eval(snapshot: JobSnapshot) -> list[Finding]:
+    """Evaluation loaders whose lengths differ across the ranks that iterate them.
+
+    Loaders are matched across ranks by their order of first iteration and their class
+    (the same code iterates the same loaders in the same order). Only loaders that fed
+    no optimizer step while steps were counted (role ``eval``) are compared: the job
+    hangs at the end of such a pass only if the evaluation loop runs collectives per
+    batch (metric all-reduces, ``sync_dist``), hence a warning, not critical.
+    """
+    lengths: dict[tuple[int, str], dict[int, int]] = {}
+    for s in active(snapshot):
+        for info in s.loaders:
+            if info.role == "eval" and info.length is not None:
+                lengths.setdefault((info.index, info.name), {})[s.rank] = info.length
+    out: list[Finding] = []
+    for (index, name), counts in sorted(lengths.items()):
+        if len(counts) < 2 or len(set(counts.values())) < 2:
+            continue
+        (majority, votes), *rest = Counter(counts.values()).most_common()
+        tie = bool(rest) and rest[0][1] == votes
+        odd = sorted(counts) if tie else sorted(r for r, c in counts.items() if c != majority)
+        out.append(Finding(
+            kind="unequal_eval_batches", severity="warning", ranks=odd,
+            title=(f"evaluation loader #{index} {name} has {min(counts.values())}..{max(counts.values())} "
+                   "batches across ranks: a collective per evaluation batch will desync"),
+            evidence=["batches per pass: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))],
+            remedy=("shard evaluation data evenly: DistributedSampler(drop_last=False) pads every rank to "
+                    "the same length; or keep per-batch collectives out of the evaluation loop"),
+        ))
+    return out
 
 
 def _numpy_rng_note(states: list[RankState]) -> str:

@@ -26,6 +26,7 @@ from ddptop.protocol import (
     ErrorMsg,
     FrTraceMsg,
     HistoryMsg,
+    LoaderInfo,
     Message,
     RankState,
     ReporterStats,
@@ -38,12 +39,15 @@ from ddptop.reporter import collectives, environment, stacks
 from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.crash import CrashCapture
 from ddptop.reporter.last_words import SigtermWatch
-from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth
+from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
+from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
 from ddptop.reporter.server import ReporterServer
 from ddptop.reporter.system import SystemSampler
 from ddptop.status import Status
 
 log = logging.getLogger(__name__)
+
+LOADERS_GONE_SHOWN = 4  # loaders no longer referenced that RankState.loaders still lists
 
 
 class Reporter:
@@ -76,6 +80,8 @@ class Reporter:
         self._last_steps = 0
         self._published = False
         self._torch_ready = False
+        self._train_loader: LoaderRecord | None = None
+        self._loader_steps: dict[int, int] = {}
         progress.on_epoch_start = self._on_epoch_start
         progress.on_wrap = self._on_wrap
 
@@ -163,7 +169,7 @@ class Reporter:
         if not self._torch_ready or not self.state.collectives:
             return
         try:
-            recent = collectives.recent_from_parsed(collectives.parse_fr(collectives.read_fr_json()))
+            recent = collectives.recent_ops(collectives.decode_fr(collectives.read_fr_json()))
         except Exception as exc:
             self._count_error(exc)
             return
@@ -210,7 +216,7 @@ class Reporter:
             setattr(s, key, value)
         s.shm_used_bytes, s.shm_total_bytes = self.system.shm()
         s.gpu = self.system.gpu()
-        if s.status == "starting" and (p.step or p.last_batch_pc or s.collectives):
+        if s.status == "starting" and (p.step or p.batch_seq or s.collectives):
             s.status = "running"
         self.stats.samples += 1
         self.stats.clients = self.server.client_count if self.server else 0
@@ -240,11 +246,37 @@ class Reporter:
             s.data_wait_fraction = min(1.0, d_wait / d_time)
         self._last_steps, self._last_step_time, self._last_wait = steps, step_time, wait
         s.step, s.last_step_at = steps, p.last_step_at
-        s.last_batch_at = p.last_batch_at  # converted from the hot path's perf_counter stamp
-        s.epoch, s.batch, s.batches_per_epoch = max(p.epoch, 0), p.batch, p.batches_per_epoch
-        it = p.loader_iter() if p.loader_iter is not None else None
-        if it is not None:
-            s.loader_ready_batches, s.loader_workers, s.loader_worker_pids = loader_queue_depth(it)
+        records = list(p.loaders)  # the training thread replaces the list, never mutates it
+        train = choose_training(records, self._loader_steps, self._train_loader, p)
+        self._train_loader = train
+        self._loader_steps = {id(r): r.steps for r in records}
+        # Loaders that are gone keep their final numbers on show, the latest few only (an
+        # evaluation loader built per evaluation would otherwise fill the list).
+        gone = [r for r in records if r is not train and not r.alive][-LOADERS_GONE_SHOWN:]
+        s.loaders = [self._loader_info(r, steps) for r in records
+                     if r.alive or r is train or r in gone]
+        if train is None:
+            s.epoch, s.batch, s.batches_per_epoch, s.last_batch_at = 0, 0, None, 0.0
+            return
+        s.epoch, s.batch, s.batches_per_epoch = max(train.passes - 1, 0), train.batch, train.length
+        s.last_batch_at = wall_of(train.last_pc)  # converted from the hot path's perf_counter stamp
+        info = next((i for i in s.loaders if i.index == train.index), None)
+        if info is not None and train.iterator is not None and train.iterator() is not None:
+            # The training loader's iterator: its workers are the ones whose crash the
+            # job feels (loader_worker_pids attributes DataLoader worker deaths). Kept as
+            # they were once the iterator is gone.
+            s.loader_ready_batches, s.loader_workers = info.ready_batches, info.workers
+            s.loader_worker_pids = list(info.worker_pids)
+
+    @staticmethod
+    def _loader_info(rec: LoaderRecord, steps_counted: int) -> LoaderInfo:
+        it = rec.iterator() if rec.iterator is not None else None
+        ready, workers, pids = loader_queue_depth(it) if it is not None else (None, 0, [])
+        return LoaderInfo(
+            index=rec.index, name=rec.name, role=role_of(rec, steps_counted), length=rec.length,
+            batch=rec.batch, passes=rec.passes, passes_completed=rec.passes_done(), steps=rec.steps,
+            batch_size=rec.batch_size, workers=workers, worker_pids=pids, ready_batches=ready,
+            last_batch_at=wall_of(rec.last_pc))
 
     def _sample_torch(self, s: RankState, now: float) -> None:
         from torch.distributed import distributed_c10d as c10d
@@ -252,6 +284,9 @@ class Reporter:
         if s.versions.torch is None:
             s.versions = environment.versions(self.system.driver_version())
             s.env = environment.reported_env()
+        if s.versions.nccl is None and s.versions.cuda:
+            # Asked only once the program initialised CUDA itself (never by the reporter).
+            s.versions.nccl = environment.nccl_version(sys.modules["torch"])
         if not c10d.is_initialized():
             return
         s.collectives = self.collectives.groups(c10d, now)
@@ -286,7 +321,12 @@ class Reporter:
 
     def _on_wrap(self, wrapper: str, module: Any, device_ids: Any) -> None:
         try:
-            self.state.param_fingerprint = environment.param_fingerprint(wrapper, module)
+            fingerprint = environment.param_fingerprint(wrapper, module)
+            before = self.state.param_fingerprint
+            if wrapper == "fully_shard" and before is not None and before.wrapper == wrapper \
+                    and before.count > fingerprint.count:
+                return  # fully_shard runs per layer, then on the root: keep the whole model
+            self.state.param_fingerprint = fingerprint
             if device_ids:
                 first = device_ids[0]
                 self.system.device_hint = first if isinstance(first, int) else getattr(first, "index", None)

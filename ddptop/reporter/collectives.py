@@ -8,13 +8,24 @@ Gloo and NCCL differ in what FR says: NCCL moves ``state`` through scheduled / s
 / completed, gloo leaves it at "scheduled" and keys ``pg_config`` by an empty name. So
 "pending" here means: not retired, not completed, and beyond the group's
 ``last_completed_collective`` from ``pg_status``. This works for both.
+
+Cost: a full FR dump (2000 entries) holds the GIL for ~40-60 ms on this machine; a
+status-only dump (``includeCollectives=False``: each group's last enqueued / completed
+seq) costs ~20 us. So a stalled group is first checked with the status dump, and the
+full dump is read only when a stalled group has an op enqueued and not completed that
+the last full read did not see, at most ``FR_FULL_READS_PER_MIN`` times a minute
+whatever the number of groups. An idle group (everything it enqueued completed) never
+triggers a full read. Full dumps are decoded with typed msgspec structs (only the
+fields used), and enqueue milestones are taken only from entries not seen before.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+from collections import deque
 from typing import Any
+
+import msgspec
 
 from ddptop.protocol import ENQUEUE_STRIDE, CollectiveGroup, PendingOp
 
@@ -23,32 +34,41 @@ log = logging.getLogger(__name__)
 ENQUEUE_TIMES_KEPT = 64  # milestones per group sent to viewers (~1 KB)
 # Seqs the default group must advance before the first timing read (enough milestones).
 FIRST_TIMING_AFTER_SEQS = 8 * ENQUEUE_STRIDE
-# Minimum spacing of Flight Recorder reads while a group is stalled (a dump of 2000
-# entries costs milliseconds, so once per sample at most).
-FR_REFRESH_S = 0.9
+# Full FR dumps per minute at most, pending and timing reads together.
+FR_FULL_READS_PER_MIN = 6
+# Re-read spacing while stalled when this torch's FR has no per-group status.
+FR_STATUSLESS_REFRESH_S = 10.0
 
 
 class CollectiveTracker:
-    """Remembers when each group's seq last moved, and reads FR when it stalls."""
+    """Remembers when each group's seq last moved, and reads FR when one stalls."""
 
-    def __init__(self, fr_after_s: float = 2.0, timing_every_s: float = 30.0) -> None:
+    def __init__(self, fr_after_s: float = 2.0, timing_every_s: float = 30.0,
+                 full_reads_per_min: int = FR_FULL_READS_PER_MIN) -> None:
         self.fr_after_s = fr_after_s
         # A full FR dump costs tens of ms with the GIL held: timing reads are rare (and
         # each one carries the enqueue times of up to 2000 past collectives).
         self.timing_every_s = timing_every_s
+        self.full_reads_per_min = full_reads_per_min
         self._last_seq: dict[str, tuple[int, float]] = {}
         self._pending: dict[str, list[PendingOp]] = {}
-        self._last_fr_read = 0.0
+        self._seen_enqueued: dict[str, int] = {}  # FR pg_id -> last enqueued at the last full read
+        self._full_reads: deque[float] = deque()  # times of full reads in the last minute
+        self._last_full_read = 0.0
         self._last_timing_read = 0.0
+        self._last_record_id = -1  # FR entries up to this one were taken for milestones
+        self._pg_ids: dict[str, str] = {}  # group name -> FR pg_id (learned from entries)
         self._milestones: dict[str, dict[int, float]] = {}
         self.backend = ""
+        self.status_reads = 0
+        self.full_reads = 0
 
     def groups(self, c10d: Any, now: float) -> list[CollectiveGroup]:
         """Read every group's seq; attach pending ops from FR when a group stalls."""
         world = c10d._world
         names = dict(world.pg_names)
         groups: list[CollectiveGroup] = []
-        stalled = False
+        stalled: list[str] = []
         for pg, entry in list(world.pg_map.items()):
             try:
                 seq = int(pg._get_sequence_number_for_group())
@@ -62,7 +82,8 @@ class CollectiveTracker:
                 changed_at = now
             else:
                 changed_at = last[1]
-                stalled = stalled or (now - changed_at >= self.fr_after_s)
+                if now - changed_at >= self.fr_after_s:
+                    stalled.append(name)
             backend = str(entry[0]) if isinstance(entry, tuple) and entry else ""
             if name == "0" or not self.backend:
                 self.backend = self.backend or backend
@@ -76,21 +97,20 @@ class CollectiveTracker:
                     seq_changed_at=changed_at,
                 )
             )
-        read_pending = stalled and now - self._last_fr_read >= FR_REFRESH_S
-        read_timing = self._timing_due(groups, now)
+        read_pending = bool(stalled) and self._pending_read_due(stalled, now)
         if not stalled:
             self._pending = {}
-        if read_pending or read_timing:
-            # Re-read on every stalled sample (rate-limited): an op seen pending once may
-            # complete while the rank then idles without a new collective, and a cached
-            # list would keep reporting it with an ever-growing age.
-            data = parse_fr(read_fr_json())
+        read_timing = self._timing_due(groups, now)
+        if (read_pending or read_timing) and self._full_read_allowed(now):
+            dump = decode_fr(read_fr_json())
+            self._remember_pg_ids(dump)
             if read_pending:
-                self._last_fr_read = now
-                self._pending = pending_from_parsed(data, now)
+                self._pending = pending_from_dump(dump, now)
+                self._seen_enqueued = {pg_id: st.last_enqueued_collective
+                                       for pg_id, st in dump.pg_status.items()}
             if read_timing:
                 self._last_timing_read = now
-            self._remember_milestones(data)
+            self._remember_milestones(dump)
         for group in groups:
             pending = self._pending.get(group.pg, [])
             # Only ops at or beyond the group's seq can be pending: an op the seq moved
@@ -106,6 +126,43 @@ class CollectiveTracker:
                 group.enqueue_times = sorted(marks.items())[-ENQUEUE_TIMES_KEPT:]
         return groups
 
+    def _pending_read_due(self, stalled: list[str], now: float) -> bool:
+        """Whether a stalled group has an op in flight that the last full read did not see.
+
+        Asks FR's per-group status (cheap); forgets cached pending ops that have
+        completed since (an idle rank's seq never moves again, so only FR can tell).
+        """
+        status = decode_fr(read_fr_json(include_collectives=False)).pg_status
+        self.status_reads += 1
+        if not status:  # no per-group status in this torch: re-read, slowly
+            return now - self._last_full_read >= FR_STATUSLESS_REFRESH_S
+        due = False
+        for name in stalled:
+            st = status.get(self._pg_ids.get(name, name))
+            if st is None:
+                continue
+            kept = [op for op in self._pending.get(name, []) if op.seq > st.last_completed_collective]
+            if kept:
+                self._pending[name] = kept
+            else:
+                self._pending.pop(name, None)
+            pg_id = self._pg_ids.get(name, name)
+            if st.last_enqueued_collective > st.last_completed_collective and \
+                    st.last_enqueued_collective > self._seen_enqueued.get(pg_id, -1):
+                due = True
+        return due
+
+    def _full_read_allowed(self, now: float) -> bool:
+        """At most ``full_reads_per_min`` full dumps in any minute (counted when granted)."""
+        while self._full_reads and now - self._full_reads[0] >= 60.0:
+            self._full_reads.popleft()
+        if len(self._full_reads) >= self.full_reads_per_min:
+            return False
+        self._full_reads.append(now)
+        self._last_full_read = now
+        self.full_reads += 1
+        return True
+
     def _timing_due(self, groups: list[CollectiveGroup], now: float) -> bool:
         if self.timing_every_s <= 0 or not groups:
             return False
@@ -114,8 +171,16 @@ class CollectiveTracker:
             return default.seq >= FIRST_TIMING_AFTER_SEQS
         return now - self._last_timing_read >= self.timing_every_s
 
-    def _remember_milestones(self, data: dict[str, Any]) -> None:
-        for name, marks in enqueue_milestones(data).items():
+    def _remember_pg_ids(self, dump: FrDump) -> None:
+        for entry in dump.entries:
+            if entry.process_group:
+                self._pg_ids[str(entry.process_group[0])] = str(entry.pg_id)
+
+    def _remember_milestones(self, dump: FrDump) -> None:
+        fresh = [e for e in dump.entries if e.record_id > self._last_record_id]
+        if dump.entries:
+            self._last_record_id = max(self._last_record_id, max(e.record_id for e in dump.entries))
+        for name, marks in milestones_of(fresh).items():
             kept = self._milestones.setdefault(name, {})
             kept.update(marks)
             if len(kept) > ENQUEUE_TIMES_KEPT:
@@ -131,85 +196,120 @@ def _group_id(pg: Any, names: dict[Any, str]) -> str:
         return str(names.get(pg, "?"))
 
 
-def read_fr_json() -> str:
-    """Dump the Flight Recorder as JSON text ("" if unavailable in this torch)."""
+def read_fr_json(include_collectives: bool = True) -> str:
+    """Dump the Flight Recorder as JSON text ("" if unavailable in this torch).
+
+    Without collectives the dump holds only each group's status (last enqueued /
+    started / completed seq): microseconds instead of tens of milliseconds.
+    """
     import torch
 
     dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
     if dump is None:
         return ""
     try:
-        raw = dump(includeCollectives=True, onlyActive=False)
+        raw = dump(includeCollectives=include_collectives, onlyActive=False)
     except TypeError:  # signatures differ between torch releases: take the defaults
         raw = dump()
     # torch returns bytes; str(bytes) would give "b'...'", which no JSON parser reads.
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
 
 
-def parse_fr(text: str) -> dict[str, Any]:
-    """An FR JSON dump as a dict ({} when empty or unreadable)."""
+# Typed views of an FR dump: only the fields ddptop uses are decoded (msgspec skips the
+# rest), lax about numbers given as strings (pg_status has "3000").
+
+
+class FrEntry(msgspec.Struct, gc=False):
+    """One FR entry (a collective or p2p op this rank enqueued)."""
+
+    record_id: int = -1
+    collective_seq_id: int = 0
+    pg_id: int | str = ""
+    process_group: list[str] = []
+    profiling_name: str = "?"
+    state: str = ""
+    retired: bool = False
+    is_p2p: bool = False
+    time_created_ns: int | float = 0
+    timeout_ms: int | float | None = None
+    input_sizes: list[Any] | None = None
+    output_sizes: list[Any] | None = None
+    input_dtypes: list[str] | None = None
+
+
+class FrPgStatus(msgspec.Struct, gc=False):
+    """A group's progress as FR counts it."""
+
+    last_enqueued_collective: int = -1
+    last_completed_collective: int = -1
+
+
+class FrDump(msgspec.Struct, gc=False):
+    """The parts of an FR dump ddptop reads."""
+
+    entries: list[FrEntry] = []
+    pg_status: dict[str, FrPgStatus] = {}
+
+
+def decode_fr(text: str | bytes) -> FrDump:
+    """An FR JSON dump, typed (empty when missing or unreadable)."""
     if not text:
-        return {}
+        return FrDump()
     try:
-        data = json.loads(text)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        return msgspec.json.decode(text, type=FrDump, strict=False)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return FrDump()
 
 
-def _group_name(entry: dict[str, Any]) -> str:
-    group = entry.get("process_group") or [str(entry.get("pg_id", ""))]
-    return str(group[0]) if group else str(entry.get("pg_id", ""))
+def _group_name(entry: FrEntry) -> str:
+    return str(entry.process_group[0]) if entry.process_group else str(entry.pg_id)
 
 
-def enqueue_milestones(data: dict[str, Any], stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
+def milestones_of(entries: list[FrEntry], stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
     """Wall-clock enqueue time of every collective whose seq is a multiple of *stride*."""
     out: dict[str, dict[int, float]] = {}
-    for entry in data.get("entries", []) or []:
-        seq = int(entry.get("collective_seq_id", 0))
-        created = float(entry.get("time_created_ns", 0)) / 1e9
-        if entry.get("is_p2p") or seq <= 0 or seq % stride or not created:
+    for entry in entries:
+        seq = entry.collective_seq_id
+        created = float(entry.time_created_ns) / 1e9
+        if entry.is_p2p or seq <= 0 or seq % stride or not created:
             continue
         out.setdefault(_group_name(entry), {})[seq] = created
     return out
 
 
+def enqueue_milestones(text: str, stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
+    """Milestones (see :func:`milestones_of`) of an FR JSON dump."""
+    return milestones_of(decode_fr(text).entries, stride)
+
+
 def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:
     """Parse an FR JSON dump into pending ops per group name, oldest first."""
-    return pending_from_parsed(parse_fr(text), now)
+    return pending_from_dump(decode_fr(text), now)
 
 
-def pending_from_parsed(data: dict[str, Any], now: float) -> dict[str, list[PendingOp]]:
-    """Pending ops per group name, oldest first, from a parsed FR dump."""
-    status = data.get("pg_status", {}) or {}
-    completed: dict[str, int] = {}
-    for pg_id, st in status.items():
-        try:
-            completed[str(pg_id)] = int(st.get("last_completed_collective", -1))
-        except (TypeError, ValueError):
-            completed[str(pg_id)] = -1
+def pending_from_dump(dump: FrDump, now: float) -> dict[str, list[PendingOp]]:
+    """Pending ops per group name, oldest first, from a decoded FR dump."""
+    completed = {str(pg_id): st.last_completed_collective for pg_id, st in dump.pg_status.items()}
     out: dict[str, list[PendingOp]] = {}
-    for entry in data.get("entries", []) or []:
-        if entry.get("is_p2p") or entry.get("retired") or entry.get("state") == "completed":
+    for entry in dump.entries:
+        if entry.is_p2p or entry.retired or entry.state == "completed":
             continue
-        seq = int(entry.get("collective_seq_id", 0))
-        pg_id = str(entry.get("pg_id", ""))
-        if seq <= completed.get(pg_id, -1):
+        seq = entry.collective_seq_id
+        if seq <= completed.get(str(entry.pg_id), -1):
             continue
-        name = _group_name(entry)
-        created = float(entry.get("time_created_ns", 0)) / 1e9
-        timeout_ms = entry.get("timeout_ms")
-        dtypes = entry.get("input_dtypes") or []
-        out.setdefault(name, []).append(
+        created = float(entry.time_created_ns) / 1e9
+        timeout_ms = entry.timeout_ms
+        dtypes = entry.input_dtypes or []
+        out.setdefault(_group_name(entry), []).append(
             PendingOp(
                 seq=seq,
-                op=str(entry.get("profiling_name", "?")),
-                sizes=[entry.get("input_sizes") or [], entry.get("output_sizes") or []],
+                op=entry.profiling_name,
+                sizes=[entry.input_sizes or [], entry.output_sizes or []],
                 dtype=str(dtypes[0]) if dtypes else "",
                 age_s=max(0.0, now - created) if created else 0.0,
                 started_at=created,
                 timeout_s=float(timeout_ms) / 1000 if timeout_ms else None,
-                state=str(entry.get("state", "")),
+                state=entry.state,
             )
         )
     for ops in out.values():
@@ -220,26 +320,23 @@ def pending_from_parsed(data: dict[str, Any], now: float) -> dict[str, list[Pend
 RECENT_PER_GROUP = 32  # ops per group kept in last words: enough to span a step's collectives
 
 
-def recent_from_parsed(data: dict[str, Any], per_group: int = RECENT_PER_GROUP) -> dict[str, list[PendingOp]]:
-    """The last *per_group* collectives of each group in a parsed FR dump, oldest first.
+def recent_ops(dump: FrDump, per_group: int = RECENT_PER_GROUP) -> dict[str, list[PendingOp]]:
+    """The last *per_group* collectives of each group in a decoded FR dump, oldest first.
 
     For the post-mortem: every rank's recent ops, compared by seq across ranks, show the
     first collective at which the ranks did different things.
     """
     out: dict[str, list[PendingOp]] = {}
-    for entry in data.get("entries", []) or []:
-        if entry.get("is_p2p"):
+    for entry in dump.entries:
+        seq = entry.collective_seq_id
+        if entry.is_p2p or seq <= 0:
             continue
-        seq = int(entry.get("collective_seq_id", 0))
-        if seq <= 0:
-            continue
-        created = float(entry.get("time_created_ns", 0)) / 1e9
-        dtypes = entry.get("input_dtypes") or []
+        dtypes = entry.input_dtypes or []
         out.setdefault(_group_name(entry), []).append(PendingOp(
-            seq=seq, op=str(entry.get("profiling_name", "?")),
-            sizes=[entry.get("input_sizes") or [], entry.get("output_sizes") or []],
-            dtype=str(dtypes[0]) if dtypes else "", started_at=created,
-            state=str(entry.get("state", "")),
+            seq=seq, op=entry.profiling_name,
+            sizes=[entry.input_sizes or [], entry.output_sizes or []],
+            dtype=str(dtypes[0]) if dtypes else "", started_at=float(entry.time_created_ns) / 1e9,
+            state=entry.state,
         ))
     for name, ops in out.items():
         ops.sort(key=lambda op: op.seq)

@@ -27,13 +27,32 @@ def versions(driver: str | None = None) -> Versions:
         return out
     out.torch = str(torch.__version__)
     out.cuda = getattr(torch.version, "cuda", None)
-    try:
-        if torch.cuda.is_available():
-            nccl = torch.cuda.nccl.version()
-            out.nccl = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
-    except Exception:
-        out.nccl = None
+    out.nccl = nccl_version(torch)
     return out
+
+
+def cuda_initialised(torch: Any) -> bool:
+    """Whether the program itself has initialised CUDA (asking never initialises it).
+
+    ``torch.cuda.is_available()`` and friends may initialise the CUDA driver in a
+    process that had not done so (breaking a later fork, costing memory on every GPU):
+    the reporter asks torch.cuda anything only once this is True.
+    """
+    try:
+        return bool(torch.cuda.is_initialized())  # reads a flag; initialises nothing
+    except Exception:
+        return False
+
+
+def nccl_version(torch: Any) -> str | None:
+    """NCCL's version once the program has initialised CUDA, else None (asked again later)."""
+    if not cuda_initialised(torch):
+        return None
+    try:
+        nccl = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
 
 
 def reported_env() -> dict[str, str]:
@@ -42,19 +61,38 @@ def reported_env() -> dict[str, str]:
 
 
 def param_fingerprint(wrapper: str, module: Any) -> ParamFingerprint:
-    """Count, element total and shape hash of *module*'s parameters (no values)."""
+    """Count, element total and shape hash of *module*'s parameters (no values).
+
+    A DTensor parameter (FSDP2's ``fully_shard``, tensor parallel) holds a local shard
+    whose size differs across ranks when a dimension does not divide evenly: its
+    ``shape`` and ``numel()`` are the global ones, and the hash also covers its
+    placements and mesh shape, so ranks compare what they agreed on, not their shards.
+    """
     digest = hashlib.blake2b(digest_size=8)
     shapes: list[tuple[str, list[int]]] = []
-    count = numel = 0
+    count = numel = sharded = 0
     for name, param in module.named_parameters():
         shape = [int(d) for d in param.shape]
-        digest.update(f"{name}:{shape};".encode())
+        layout = _placement(param)
+        if layout:
+            sharded += 1
+        digest.update(f"{name}:{shape}{layout};".encode())
         count += 1
         numel += int(param.numel())
         if len(shapes) < MAX_SHAPES:
             shapes.append((name, shape))
     return ParamFingerprint(count=count, numel=numel, shapes_hash=digest.hexdigest(),
-                            wrapper=wrapper, shapes=shapes)
+                            wrapper=wrapper, shapes=shapes, dtensors=sharded)
+
+
+def _placement(param: Any) -> str:
+    """``@(Shard(dim=0),)/mesh(2,)`` for a DTensor, "" for a plain tensor."""
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return ""
+    mesh = getattr(param, "device_mesh", None)
+    mesh_shape = tuple(int(d) for d in getattr(mesh, "shape", ()) or ())
+    return f"@{tuple(str(pl) for pl in placements)}/mesh{mesh_shape}"
 
 
 def _hash(data: bytes) -> str:

@@ -12,9 +12,10 @@ import functools
 import logging
 import sys
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
+
+from ddptop.reporter.loaders import LoaderRecord, patch_dataloader
 
 log = logging.getLogger(__name__)
 
@@ -25,20 +26,22 @@ class Progress:
     """Counters shared between the training thread (writer) and the reporter (reader)."""
 
     __slots__ = (
-        "batch",
-        "batches_per_epoch",
-        "epoch",
+        "batch_seq",
         "first_step_pc",
         "hook_errors",
-        "last_batch_pc",
+        "last_rec",
+        "last_started",
         "last_step_pc",
-        "loader_iter",
+        "loader_by_id",
+        "loaders",
+        "loaders_seen",
         "on_epoch_start",
         "on_wrap",
+        "optimizer_calls",
         "optimizer_id",
-        "primary_iter_id",
-        "primary_loader_id",
         "step",
+        "step_batch_seq",
+        "train_rec",
         "wait_total",
     )
 
@@ -46,14 +49,16 @@ class Progress:
         self.step = 0
         self.first_step_pc = 0.0  # perf_counter of the first step
         self.last_step_pc = 0.0  # perf_counter of the latest step
-        self.wait_total = 0.0  # time spent inside DataLoader __next__ (s)
-        self.last_batch_pc = 0.0  # perf_counter of the latest training batch (0: none yet)
-        self.epoch = -1  # -1 until the first epoch starts
-        self.batch = 0
-        self.batches_per_epoch: int | None = None
-        self.loader_iter: weakref.ref[Any] | None = None
-        self.primary_loader_id = 0
-        self.primary_iter_id = 0
+        self.wait_total = 0.0  # time spent inside DataLoader __next__ (s), every loader
+        self.loaders: list[LoaderRecord] = []  # replaced, never mutated (the reporter reads it)
+        self.loader_by_id: dict[int, LoaderRecord] = {}
+        self.loaders_seen = 0
+        self.last_rec: LoaderRecord | None = None  # loader of the latest batch, any loader
+        self.last_started: LoaderRecord | None = None  # loader of the latest iter()
+        self.train_rec: LoaderRecord | None = None  # loader of the batch before the latest step
+        self.batch_seq = 0  # batches taken from any loader
+        self.step_batch_seq = 0  # batch_seq at the latest counted step
+        self.optimizer_calls = 0  # optimizer.step() calls, counted or not
         self.optimizer_id = 0
         self.hook_errors = 0
         # Set by the agent: called on the training thread (cold paths only).
@@ -61,12 +66,15 @@ class Progress:
         self.on_wrap: Callable[[str, Any, Any], None] | None = None
 
     def mark_step(self) -> None:
-        """Count one training step (optimizer hook or ``ddptop.step()``)."""
+        """Count one training step (``ddptop.step()``: always counted)."""
         now = _perf()
         if not self.step:
             self.first_step_pc = now
         self.last_step_pc = now
         self.step += 1
+        self.step_batch_seq = self.batch_seq
+        if self.last_rec is not None:
+            self.train_rec = self.last_rec
 
     # Derived on the reporter thread, so the hot path stores one timestamp per step:
     # the sum of the step intervals is simply last - first, and wall-clock times are
@@ -80,15 +88,11 @@ class Progress:
     @property
     def last_step_at(self) -> float:
         """Wall clock of the latest step (0.0 before the first)."""
-        return _wall_of(self.last_step_pc)
-
-    @property
-    def last_batch_at(self) -> float:
-        """Wall clock of the latest training batch (0.0 before the first)."""
-        return _wall_of(self.last_batch_pc)
+        return wall_of(self.last_step_pc)
 
 
-def _wall_of(pc: float) -> float:
+def wall_of(pc: float) -> float:
+    """Wall clock of a perf_counter stamp (0.0 for none)."""
     return time.time() - (_perf() - pc) if pc else 0.0
 
 
@@ -97,10 +101,23 @@ PROGRESS = Progress()
 
 def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any, _p: Progress = PROGRESS,
                          _perf: Callable[[], float] = _perf, _id: Callable[[object], int] = id) -> None:
-    # Runs after every optimizer.step(): keep it to one clock read and three stores.
-    # Defaults bind globals as locals (faster lookups); torch passes only 3 arguments.
-    # With several optimizers, count the first one only: a training step calls each once.
-    if _id(optimizer) != _p.optimizer_id:
+    # Runs after every optimizer.step(): a handful of stores. Defaults bind globals as
+    # locals (faster lookups); torch passes only 3 arguments.
+    # A step is an optimizer step that follows a new batch: gradient accumulation takes
+    # several batches per step, and a second optimizer (a GAN's generator and
+    # discriminator) stepping on the same batch is the same training step. Loops that
+    # take no batch from a DataLoader count the first optimizer that steps.
+    _p.optimizer_calls += 1
+    seq = _p.batch_seq
+    if seq:
+        if seq == _p.step_batch_seq:
+            return
+        _p.step_batch_seq = seq
+        rec = _p.last_rec
+        _p.train_rec = rec
+        if rec is not None:
+            rec.steps += 1
+    elif _id(optimizer) != _p.optimizer_id:
         if _p.optimizer_id:
             return
         _p.optimizer_id = _id(optimizer)
@@ -118,9 +135,14 @@ def install_torch_patches(torch_module: Any, teardown_yield_s: float = 0.05) -> 
 
     register_optimizer_step_post_hook(_optimizer_post_hook)
     patched.append("optimizer_step_post_hook")
-    patched += _patch_dataloader()
+    patched += patch_dataloader(PROGRESS)
+    patched += _patch_grad_scaler()
     patched += _patch_wrappers()
     patched += _patch_teardown(teardown_yield_s)
+    from ddptop.reporter.torch_import import when_imported
+
+    when_imported("torch.distributed.fsdp._fully_shard._fully_shard", patch_fully_shard)
+    patched.append("fully_shard(FSDP2)")
     return patched
 
 
@@ -156,54 +178,66 @@ def _patch_teardown(yield_s: float) -> list[str]:
     return ["destroy_process_group(yield)"]
 
 
-def _patch_dataloader() -> list[str]:
-    from torch.utils.data import dataloader as dl
+def _patch_grad_scaler() -> list[str]:
+    """Count a step that AMP's ``GradScaler`` skipped (inf/NaN gradients) as a step.
 
-    base_iter_cls = dl._BaseDataLoaderIter
-    if getattr(base_iter_cls, "_ddptop_patched", False):
+    ``GradScaler.step`` does not call ``optimizer.step()`` when it finds inf or NaN
+    gradients, so the post hook never runs; trainers (Lightning, HF) still count that
+    iteration as a step, and so does ddptop: when no optimizer step happened inside
+    ``scaler.step``, the hook is called for it. Once per step, never per batch.
+    """
+    from torch.amp import grad_scaler
+
+    cls = grad_scaler.GradScaler
+    original = cls.step
+    if getattr(original, "_ddptop_patched", False):
         return []
-    original_next = base_iter_cls.__next__
-    original_iter = dl.DataLoader.__iter__
     p = PROGRESS
 
-    # Defaults bind the closure's names as locals: this runs once per batch.
-    def __next__(self: Any, _next: Any = original_next, _p: Progress = p,
-                 _perf: Callable[[], float] = _perf, _id: Callable[[object], int] = id) -> Any:
-        t0 = _perf()
-        try:
-            return _next(self)
-        finally:
-            t1 = _perf()
-            _p.wait_total += t1 - t0
-            if _id(self) == _p.primary_iter_id:
-                _p.batch = self._num_yielded
-                _p.last_batch_pc = t1
+    @functools.wraps(original)
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        calls = p.optimizer_calls
+        out = original(self, optimizer, *args, **kwargs)
+        if p.optimizer_calls == calls:  # skipped: count the iteration all the same
+            try:
+                _optimizer_post_hook(optimizer, args, kwargs)
+            except Exception:
+                p.hook_errors += 1
+        return out
 
-    def __iter__(self: Any) -> Any:
-        it = original_iter(self)
-        try:
-            if p.primary_loader_id == 0:
-                # The first loader iterated is taken as the training loader.
-                p.primary_loader_id = id(self)
-            if id(self) == p.primary_loader_id:
-                p.primary_iter_id = id(it)
-                p.loader_iter = weakref.ref(it)
-                p.epoch += 1
-                p.batch = 0
-                try:
-                    p.batches_per_epoch = len(self)
-                except TypeError:  # IterableDataset without __len__
-                    p.batches_per_epoch = None
-                if p.on_epoch_start is not None:
-                    p.on_epoch_start(p.epoch)
-        except Exception:  # never raise into the training loop
-            p.hook_errors += 1
-        return it
+    step._ddptop_patched = True  # type: ignore[attr-defined]
+    cls.step = step
+    return ["GradScaler.step(skipped steps)"]
 
-    base_iter_cls.__next__ = __next__
-    dl.DataLoader.__iter__ = __iter__
-    base_iter_cls._ddptop_patched = True
-    return ["DataLoader.__iter__", "_BaseDataLoaderIter.__next__"]
+
+def patch_fully_shard(module: Any) -> None:
+    """Fingerprint each module FSDP2's ``fully_shard`` has just sharded.
+
+    Called when ``torch.distributed.fsdp._fully_shard._fully_shard`` is imported (never
+    imported by ddptop itself: it costs every rank start-up time). ``fully_shard``
+    changes the module in place (no wrapper module is registered, so the registration
+    hook of :func:`_patch_wrappers` never sees it) and turns its parameters into
+    DTensors inside ``_init_param_group``: wrapping that module-level function catches
+    every ``fully_shard`` call however the script imported it. Best effort: a torch
+    without that function is left alone.
+    """
+    original = getattr(module, "_init_param_group", None)
+    if original is None or getattr(original, "_ddptop_patched", False):
+        return
+    p = PROGRESS
+
+    @functools.wraps(original)
+    def _init_param_group(state: Any, params: Any, modules: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(state, params, modules, *args, **kwargs)
+        if p.on_wrap is not None and modules:
+            try:
+                p.on_wrap("fully_shard", modules[0], None)
+            except Exception:
+                p.hook_errors += 1
+        return out
+
+    _init_param_group._ddptop_patched = True  # type: ignore[attr-defined]
+    module._init_param_group = _init_param_group
 
 
 def _patch_wrappers() -> list[str]:

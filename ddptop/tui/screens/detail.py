@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ddptop.model.job import RankView
+from ddptop.protocol import LoaderInfo
 from ddptop.textfmt import human_bytes, human_duration, percent
 from ddptop.tui.stack_groups import main_thread
 
@@ -78,6 +79,7 @@ def detail_text(view: RankView, status: str, now: float) -> Text:
                 f"(now {human_duration(st.step_time_s)})\n")
     text.append(f"data wait  {sparkline([s.data_wait_fraction for s in hist])}  "
                 f"(now {percent(st.data_wait_fraction)})\n")
+    _loaders(text, st.loaders)
     _section(text, "collectives")
     for group in st.collectives:
         text.append(f"group {group.pg} {group.desc} {group.backend}: seq {group.seq}, size {group.size}, "
@@ -99,6 +101,24 @@ def detail_text(view: RankView, status: str, now: float) -> Text:
         for frame in reversed(thread.frames):
             text.append(f"  {frame.function}  {frame.file}:{frame.line}\n")
     return text
+
+
+def _loaders(text: Text, loaders: Sequence[LoaderInfo]) -> None:
+    """One line per DataLoader: role, length, where its pass is, workers."""
+    _section(text, "loaders")
+    if not loaders:
+        text.append("-\n")
+        return
+    for info in loaders:
+        role = info.role or "?"
+        length = "?" if info.length is None else info.length
+        line = (f"#{info.index} {role:<5} {info.name}  batch {info.batch}/{length}"
+                f"  pass {info.passes} ({info.passes_completed} done)  steps {info.steps}"
+                f"  batch size {info.batch_size if info.batch_size is not None else '-'}"
+                f"  workers {info.workers}"
+                + (f" pids {' '.join(str(p) for p in info.worker_pids)}" if info.worker_pids else "")
+                + (f"  ready {info.ready_batches}" if info.ready_batches else "") + "\n")
+        text.append(line, style="bold" if info.role == "train" else "")
 
 
 class RankDetail(Screen[None]):

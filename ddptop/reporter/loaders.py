@@ -1,0 +1,189 @@
+"""Every DataLoader on its own: one record per loader object, fed by class-level patches.
+
+Frameworks wrap loaders (Lightning's combined loaders and sanity-check validation,
+accelerate's ``DataLoaderShard``, HF's Trainer), but each of them ends up calling
+``torch.utils.data.DataLoader.__iter__`` on a real loader and ``__next__`` on its
+iterator: the patches here see every loader whatever wraps it. Which loader is the
+*training* loader is decided by the optimizer hook (:mod:`ddptop.reporter.progress`):
+the loader whose batch was taken last when an optimizer step happened.
+
+The ``__next__`` patch runs once per batch on the training thread: a few attribute
+stores, no allocation. Records are created on the cold path (``__iter__``) only.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddptop.reporter.progress import Progress
+
+_perf = time.perf_counter
+MAX_LOADERS = 32  # records kept per rank: loaders re-created every epoch must not pile up
+
+
+class LoaderRecord:
+    """Counters of one DataLoader object (written by the training thread)."""
+
+    __slots__ = ("batch", "batch_size", "completed", "completed_pass", "index", "iterator",
+                 "last_pc", "length", "loader", "name", "passes", "steps")
+
+    def __init__(self, index: int, loader: Any) -> None:
+        self.index = index  # order of first iteration on this rank: the same on every rank
+        self.loader: weakref.ref[Any] = weakref.ref(loader)
+        dataset = getattr(loader, "dataset", None)
+        self.name = f"{type(loader).__name__}({type(dataset).__name__})"
+        size = getattr(loader, "batch_size", None)
+        self.batch_size = size if isinstance(size, int) else None
+        self.iterator: weakref.ref[Any] | None = None
+        self.length: int | None = None
+        self.passes = 0  # iter() calls: passes started
+        self.completed = 0  # passes that reached StopIteration
+        self.completed_pass = 0  # the pass whose end was counted (StopIteration may repeat)
+        self.batch = 0  # batches yielded in the current pass
+        self.steps = 0  # optimizer steps this loader's batches fed
+        self.last_pc = 0.0  # perf_counter of its latest batch
+
+    def end_of_pass(self) -> None:
+        """StopIteration from this loader's iterator: count the pass once."""
+        if self.completed_pass != self.passes:
+            self.completed_pass = self.passes
+            self.completed += 1
+
+    def passes_done(self) -> int:
+        """Passes completed: ended by StopIteration, or yielded ``len(loader)`` batches.
+
+        Trainers that know the length stop there without asking the iterator for more
+        (Lightning), so StopIteration alone would miss their passes.
+        """
+        current = self.completed_pass != self.passes and self.length is not None \
+            and self.passes > 0 and self.batch >= self.length
+        return self.completed + int(current)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the loader object still exists."""
+        return self.loader() is not None
+
+
+def record_for(p: Progress, loader: Any) -> LoaderRecord:
+    """The record of *loader*, created on its first ``iter()`` (cold path)."""
+    rec = p.loader_by_id.get(id(loader))
+    if rec is not None and rec.loader() is loader:
+        return rec
+    rec = LoaderRecord(p.loaders_seen, loader)
+    p.loaders_seen += 1
+    if len(p.loaders) >= MAX_LOADERS:
+        # Drop dead loaders first (one re-created per epoch), then the oldest non-training one.
+        keep = [r for r in p.loaders if r.alive or r is p.train_rec]
+        if len(keep) >= MAX_LOADERS:
+            victim = next((r for r in keep if r is not p.train_rec), keep[0])
+            keep.remove(victim)
+        p.loaders = keep
+        p.loader_by_id = {k: v for k, v in p.loader_by_id.items() if v in keep}
+    p.loaders = [*p.loaders, rec]  # a new list: the reporter thread iterates the old one
+    p.loader_by_id[id(loader)] = rec
+    return rec
+
+
+def patch_dataloader(p: Progress) -> list[str]:
+    """Patch ``DataLoader.__iter__`` and ``_BaseDataLoaderIter.__next__`` at class level."""
+    from torch.utils.data import dataloader as dl
+
+    base_iter_cls = dl._BaseDataLoaderIter
+    if getattr(base_iter_cls, "_ddptop_patched", False):
+        return []
+    original_next = base_iter_cls.__next__
+    original_iter = dl.DataLoader.__iter__
+    base_iter_cls._ddptop_rec = None  # iterators made without DataLoader.__iter__ have none
+    base_iter_cls.__next__ = make_next(original_next, p)
+
+    def __iter__(self: Any) -> Any:
+        it = original_iter(self)
+        try:
+            start_pass(p, self, it)
+        except Exception:  # never raise into the training loop
+            p.hook_errors += 1
+        return it
+
+    dl.DataLoader.__iter__ = __iter__
+    base_iter_cls._ddptop_patched = True
+    return ["DataLoader.__iter__", "_BaseDataLoaderIter.__next__"]
+
+
+def make_next(original_next: Callable[[Any], Any], p: Progress) -> Callable[..., Any]:
+    """The patched ``__next__`` around *original_next* (also used by the benchmark)."""
+
+    # Defaults bind the closure's names as locals: this runs once per batch.
+    def __next__(self: Any, _next: Callable[[Any], Any] = original_next, _p: Progress = p,
+                 _perf: Callable[[], float] = _perf) -> Any:
+        t0 = _perf()
+        try:
+            batch = _next(self)
+        except StopIteration:
+            _p.wait_total += _perf() - t0
+            rec = self._ddptop_rec
+            if rec is not None:
+                rec.end_of_pass()
+            raise
+        t1 = _perf()
+        _p.wait_total += t1 - t0
+        rec = self._ddptop_rec
+        if rec is not None:
+            rec.batch = self._num_yielded
+            rec.last_pc = t1
+            _p.last_rec = rec
+            _p.batch_seq += 1
+        return batch
+
+    return __next__
+
+
+def start_pass(p: Progress, loader: Any, it: Any) -> None:
+    """A new pass over *loader* begins with iterator *it* (cold path, training thread)."""
+    rec = record_for(p, loader)
+    rec.iterator = weakref.ref(it)
+    it._ddptop_rec = rec
+    rec.completed = rec.passes_done()
+    rec.completed_pass = rec.passes
+    rec.passes += 1
+    rec.batch = 0
+    try:
+        rec.length = len(loader)
+    except TypeError:  # IterableDataset without __len__
+        rec.length = None
+    p.last_started = rec
+    # The RNG fingerprint is taken when the training loader starts a pass (before the
+    # first step, when no loader has fed a step yet, any loader's pass counts).
+    if p.on_epoch_start is not None and (p.train_rec is None or p.train_rec is rec):
+        p.on_epoch_start(rec.passes - 1)
+
+
+def choose_training(records: list[LoaderRecord], steps_before: dict[int, int],
+                    previous: LoaderRecord | None, p: Progress) -> LoaderRecord | None:
+    """The training loader for this sample (reporter thread).
+
+    The loader that fed the most optimizer steps since the previous sample; on a tie the
+    one that fed the latest step (the hook's ``train_rec``), then the first iterated. With
+    no step since the previous sample the previous choice stands, so the choice does not
+    flicker while a trainer evaluates. Before the first step, the loader iterated last.
+    """
+    deltas = {id(r): r.steps - steps_before.get(id(r), 0) for r in records}
+    best = max(deltas.values(), default=0)
+    if best > 0:
+        top = [r for r in records if deltas[id(r)] == best]
+        latest = p.train_rec
+        return latest if latest in top else min(top, key=lambda r: r.index)
+    if previous is not None and previous.steps:
+        return previous
+    return p.train_rec or p.last_started
+
+
+def role_of(rec: LoaderRecord, steps_counted: int) -> str:
+    """train (fed optimizer steps), eval (fed none while steps were counted) or "" (too early)."""
+    if rec.steps:
+        return "train"
+    return "eval" if steps_counted else ""
