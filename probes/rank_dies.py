@@ -11,6 +11,15 @@ The ways of dying that a post-mortem must tell apart, chosen by PROBE_DEATH:
   while it loads a batch; the rank then gets torch's "DataLoader worker (pid N) is killed
   by signal: Segmentation fault" and fails. The worker's crash, not the rank's, is the cause.
 
+Two more faults that a rank survives:
+
+* ``wedge_gil``: at that step the rank calls C code that holds the GIL for PROBE_WEDGE_S
+  seconds (libc ``sleep`` through ``ctypes.PyDLL``, which keeps the GIL, like a stuck
+  extension or a spin in a custom op), then trains on; its reporter cannot run meanwhile;
+* ``break_reporter``: from the start, psutil fails inside that rank (its
+  ``virtual_memory`` raises), so the reporter's system sampling raises every time;
+  training must not notice.
+
 Each prints ``rank R: step N: ...`` when it plants the failure, so a test can compare the
 step a post-mortem names with the real one. Peers block in the next all-reduce until
 torchrun tears them down (SIGTERM). Run: ``torchrun --nproc-per-node 4 probes/rank_dies.py``.
@@ -56,8 +65,21 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x[i], self.y[i]
 
 
+def break_psutil() -> None:
+    """Make psutil fail inside this process, as a broken install or a hostile sandbox would."""
+    import psutil
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("planted: psutil is broken in this rank")
+
+    psutil.virtual_memory = broken
+
+
 def main() -> None:
     rank, world, device = setup(timeout_s=float(os.environ.get("PROBE_PG_TIMEOUT", "30")))
+    if DEATH == "break_reporter" and rank == DIE_RANK:
+        break_psutil()
+        print(f"rank {rank}: step 0: psutil broken at t={time.time():.3f}", flush=True)
     torch.manual_seed(0)
     data = Samples(rank)
     sampler = DistributedSampler(data, seed=0)
@@ -89,11 +111,29 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def wedge(rank: int, step: int) -> None:
+    """Hold the GIL inside C code: until a byte arrives on PROBE_WEDGE_FIFO (a test releases
+    it), else for PROBE_WEDGE_S seconds. ``ctypes.PyDLL`` calls keep the GIL held."""
+    libc = ctypes.PyDLL(None)
+    fifo = os.environ.get("PROBE_WEDGE_FIFO")
+    print(f"rank {rank}: step {step}: wedged in C holding the GIL at t={time.time():.3f}", flush=True)
+    if fifo:
+        fd = os.open(fifo, os.O_RDWR)  # O_RDWR: the open itself never blocks on a FIFO
+        libc.read(fd, ctypes.create_string_buffer(1), 1)
+        os.close(fd)
+    else:
+        libc.sleep(int(os.environ.get("PROBE_WEDGE_S", "8")))
+    print(f"rank {rank}: step {step}: unwedged at t={time.time():.3f}", flush=True)
+
+
 def plant(rank: int, step: int, end: float) -> None:
     """Die (or wait to be killed) as PROBE_DEATH says."""
     if DEATH == "exception":
         print(f"rank {rank}: step {step}: raising ValueError at t={time.time():.3f}", flush=True)
         raise ValueError("planted failure")
+    if DEATH == "wedge_gil":
+        wedge(rank, step)
+        return
     if DEATH == "wait_for_kill":
         print(f"rank {rank}: step {step}: waiting to be killed (pid {os.getpid()})", flush=True)
         while time.monotonic() < end:

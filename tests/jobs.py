@@ -128,15 +128,26 @@ class JobRunner:
 
     def start(self, probe: str, nproc: int = 4, env: dict[str, str] | None = None,
               interval: float = 0.25, args: list[str] | None = None,
-              launch_args: list[str] | None = None) -> RunningJob:
-        """Start ``ddptop launch -- torchrun --nproc-per-node N probes/<probe>.py``."""
+              launch_args: list[str] | None = None, launcher: bool = True) -> RunningJob:
+        """Start ``ddptop launch -- torchrun --nproc-per-node N probes/<probe>.py``.
+
+        With ``launcher=False``: plain ``torchrun`` running the probe through
+        ``tests/install_runner.py``, which calls ``ddptop.install()`` first (no launcher:
+        local rank 0 spawns the node agent).
+        """
         job_id = f"t{uuid.uuid4().hex[:8]}"
         full_env = self.env({"PROBE_SECONDS": "60", **(env or {})})
         log_path = self.tmp / f"{job_id}.log"
-        cmd = ddptop_cmd("launch", "--job-id", job_id, "--interval", str(interval),
-                         *(launch_args or []), "--",
-                         str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc),
-                         str(PROBES / f"{probe}.py"), *(args or []))
+        torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc)]
+        script = [str(PROBES / f"{probe}.py"), *(args or [])]
+        if launcher:
+            cmd = ddptop_cmd("launch", "--job-id", job_id, "--interval", str(interval),
+                             *(launch_args or []), "--", *torchrun, *script)
+        else:
+            paths = [str(ROOT), full_env.get("PYTHONPATH", "")]
+            full_env.update(DDPTOP_JOB_ID=job_id, DDPTOP_INTERVAL=str(interval),
+                            PYTHONPATH=os.pathsep.join(p for p in paths if p))
+            cmd = [*torchrun, str(ROOT / "tests" / "install_runner.py"), *script]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)

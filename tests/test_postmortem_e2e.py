@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -135,3 +136,23 @@ def test_skipped_collective_names_the_skipping_rank(job_runner: JobRunner) -> No
     # On gloo a victim aborts first; the cause is the rank whose collectives diverged.
     assert (f["kind"], f["ranks"], f["step"]) == ("collective_mismatch", [1], step), findings
     assert "all_reduce" in f["title"], f
+
+
+def test_install_without_launcher_keeps_a_black_box_too(job_runner: JobRunner) -> None:
+    # `import ddptop; ddptop.install()` in the script, plain torchrun: local rank 0 spawns
+    # the node agent, which outlives the ranks like `ddptop launch` does.
+    job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("exception"), launcher=False)
+    step = int(job.wait_log(r"rank 2: step (\d+): raising ValueError", timeout=60).group(1))
+    job.wait(timeout=ENDS_WITHIN_S)
+    deadline = time.monotonic() + 30  # the agent closes the record once every rank is gone
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        res = job.run_cli("jobs", "--json")
+        rows = [r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == job.job_id]
+        if rows and rows[0]["end_time"]:
+            break
+        time.sleep(0.2)
+    assert rows and rows[0]["end_time"] and rows[0]["state"] == "ended", rows
+    f = first(ended_doctor(job))
+    assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
+    assert_victims(job, culprit=2)

@@ -25,6 +25,7 @@ from ddptop.discovery import pid_alive, private_write
 log = logging.getLogger(__name__)
 
 JOBS_DIR = "jobs"
+RECORD_DIR_ENV = "DDPTOP_RECORD_DIR"  # records elsewhere than the runtime dir (a bigger disk)
 RECORD_FILE = "job.json"
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a job.json is a few KB; anything huge is not ours
 DEFAULT_KEEP_DAYS = 7.0
@@ -57,6 +58,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     ranks: list[RankOutcome] = []
     record_bytes: int = 0
     ddptop_version: str = ""
+    record_errors: int = 0  # writes of the recording that failed (disk full...): what is there is whole
+    record_note: str = ""  # why there is no recording, or the first write error
 
     @property
     def ended(self) -> bool:
@@ -65,10 +68,12 @@ class JobRecord(msgspec.Struct, kw_only=True):
 
 
 def jobs_dir(create: bool = False) -> Path:
-    """Where job records live (``<runtime dir>/jobs``, 0700 like the runtime dir)."""
-    path = discovery.runtime_dir(create=create) / JOBS_DIR
+    """Where job records live: ``$DDPTOP_RECORD_DIR``, else ``<runtime dir>/jobs`` (0700)."""
+    explicit = os.environ.get(RECORD_DIR_ENV)
+    path = Path(explicit) if explicit else discovery.runtime_dir(create=create) / JOBS_DIR
     if create:
-        path.mkdir(mode=0o700, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        discovery.check_private_dir(path)
     return path
 
 

@@ -31,6 +31,7 @@ from ddptop.bundle.format import SCHEMA_VERSION, Frame, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
+from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
 from ddptop.protocol import RankExit, RankState, RecordEntry, StateMsg
 from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
@@ -57,15 +58,20 @@ class NodeAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._record_written = 0.0
+        self._record_warned = False
         self.recording: JobRecording | None = None
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
                                 hosts=[self.host], note="black box of `ddptop launch`")
-            self.recording = JobRecording(jobrecord.job_dir(job_id, create=True), manifest, cap_bytes)
+            try:
+                self.recording = JobRecording(jobrecord.job_dir(job_id, create=True), manifest, cap_bytes)
+            except (OSError, DdptopError) as exc:  # a full or read-only disk: watch without recording
+                self.record.record_note = f"no recording: {exc}"
+                log.warning("ddptop agent: %s", self.record.record_note)
         self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[]), token=auth.load_token(),
                                 read_remains=False)
-        jobrecord.write_record(self.record)
+        self._write_record()
 
     @property
     def ranks_seen(self) -> int:
@@ -109,7 +115,11 @@ class NodeAgent:
                 if outcome.status in ("running", "starting"):
                     outcome.status = "lost"  # it never reported an end before the command ended
             if self.recording is not None:
-                self.recording.close(f"command exited with {exit_code}")
+                try:
+                    self.recording.close(f"command exited with {exit_code}")
+                except Exception as exc:
+                    self.record.record_errors += 1
+                    log.warning("ddptop agent: closing the recording failed: %s", exc)
             self._write_record()
         return self.record
 
@@ -125,7 +135,10 @@ class NodeAgent:
                 for gone in self._exits.poll(SCAN_S / 2):
                     self._on_exit(gone)
                 if self.recording is not None:
-                    self.recording.flush_if_due()
+                    try:
+                        self.recording.flush_if_due()
+                    except Exception as exc:
+                        self._record_failed(exc)
                 if time.monotonic() - self._record_written >= RECORD_EVERY_S:
                     with self._lock:
                         self._write_record()
@@ -156,10 +169,17 @@ class NodeAgent:
             try:
                 self.recording.write(event)
             except Exception as exc:  # a full disk must not stop the watching
-                log.warning("ddptop agent: recording failed: %s", exc)
+                self._record_failed(exc)
         if isinstance(event, RecordEntry | RankExit):
             with self._lock:
                 self.model.apply(event)
+
+    def _record_failed(self, exc: Exception) -> None:
+        with self._lock:
+            self.record.record_errors += 1
+            if self.record.record_errors == 1:  # once: a full disk fails every second after
+                self.record.record_note = f"recording failed: {exc}"
+                log.warning("ddptop agent: %s (what was recorded stays readable)", exc)
 
     def _on_exit(self, gone: ProcessExit) -> None:
         endpoint = self._known.get(gone.key)
@@ -197,7 +217,9 @@ class NodeAgent:
             self.record.record_bytes = self.recording.bytes_on_disk
         try:
             jobrecord.write_record(self.record)
-        except OSError as exc:
-            log.warning("ddptop agent: cannot write the job record: %s", exc)
+        except (OSError, DdptopError) as exc:
+            if not self._record_warned:
+                log.warning("ddptop agent: cannot write the job record: %s", exc)
+            self._record_warned = True
         self._record_written = time.monotonic()
 

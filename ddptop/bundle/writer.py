@@ -55,7 +55,11 @@ class BundleWriter:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         except OSError as exc:
             raise BundleError(f"cannot write {self._final}: {exc.strerror or exc}") from None
-        self._fh = os.fdopen(fd, "wb")
+        # Unbuffered: a member is written with os-level writes whose progress is known, so a
+        # failed one (disk full) can be cut off again, never left half in the file.
+        self._fh = os.fdopen(fd, "wb", buffering=0)
+        self._good = 0  # end of the last complete member
+        self.write_errors = 0
         self._pending.append(header_bytes())
         self._add(manifest)
         self.flush()  # the header and manifest are on disk before any event
@@ -128,8 +132,18 @@ class BundleWriter:
         self._pending_bytes = 0
         blob = _gzip_member(data, self._level) if self._compress else data
         try:
-            self._fh.write(blob)
-            self._fh.flush()
+            view = memoryview(blob)
+            while view:
+                view = view[self._fh.write(view) or 0:]
         except OSError as exc:
+            self.write_errors += 1
+            # A partial member would make the rest of the file unreadable: cut it off, so
+            # everything written before stays readable and later members can follow.
+            try:
+                os.ftruncate(self._fh.fileno(), self._good)
+                self._fh.seek(self._good)
+            except OSError:
+                pass
             raise BundleError(f"cannot write {self._final}: {exc.strerror or exc}") from None
+        self._good += len(blob)
         self.bytes_written += len(blob)

@@ -84,16 +84,24 @@ def run(args: argparse.Namespace) -> int:
     if not discovery.is_safe_job_id(job_id):
         raise UsageError(f"--job-id {job_id[:40]!r}: use letters, digits, '_', '.', '-' (at most 64)")
     cap = record_cap(args.record_mb)
-    discovery.runtime_dir()  # refuses an unsafe runtime directory before anything starts
-    _prune_quietly(job_id)
-    agent = NodeAgent(job_id, command, cap, record=cap > 0)
     env = job_env(dict(os.environ), job_id, args.bind, args.interval)
-    print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
-    agent.start()
+    agent: NodeAgent | None = None
+    try:
+        discovery.runtime_dir()  # refuses an unsafe runtime directory (a symlink, another user's)
+        _prune_quietly(job_id)
+        agent = NodeAgent(job_id, command, cap, record=cap > 0)
+    except OSError as exc:
+        # The job matters more than watching it: run it, blind, and say why once.
+        print(f"ddptop: {exc}; running the job without ddptop", file=sys.stderr)
+        env["DDPTOP_DISABLE"] = "1"
+    if agent is not None:
+        print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
+        agent.start()
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:
-        agent.finish(None, grace_s=0)
+        if agent is not None:
+            agent.finish(None, grace_s=0)
         raise UsageError(f"cannot start {command[0]}: {exc.strerror}") from None
 
     def forward(signum: int, _frame: object) -> None:
@@ -102,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     code = proc.wait()
+    if agent is None:
+        return code
     record = agent.finish(code)
     failed = [o for o in record.ranks if o.status not in ("exited", "running")]
     if code != 0 or failed:

@@ -163,8 +163,10 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     first = order[0]
     t0 = _ended_at(first, histories)
     step = _last_step(first, histories)
+    why = snapshot.job.unreachable
     evidence = [f"+{_ended_at(s, histories) - t0:6.2f} s  rank {s.rank} on {s.host} (pid {s.pid}): "
                 f"{_how(s)}, step {_last_step(s, histories)}"
+                + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
                 for s in order]
     for crash in first.worker_crashes:

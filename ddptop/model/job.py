@@ -171,6 +171,8 @@ class JobModel:
             fields = exit_fields(view.exit)
             if status != view.state.status:
                 fields["status"] = status
+            if status == LOST and view.connection_reason:
+                unreachable[rank] = view.connection_reason  # its last state is shown, and why it stopped
             states.append(msgspec.structs.replace(view.state, **fields) if fields else view.state)
         for rank in range(self.world_size):
             if rank not in self.ranks:

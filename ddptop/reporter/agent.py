@@ -208,14 +208,13 @@ class Reporter:
         now = time.time()
         s, p = self.state, self.progress
         s.time = now
-        self._sample_progress(s, p)
+        # Each part on its own: one that fails (a psutil or NVML error, a torch internal that
+        # moved) is counted and the rest of the state still goes out; the rank stays visible.
+        self._part(self._sample_progress, s, p)
         torch = sys.modules.get("torch")
         if torch is not None and self._torch_ready:
-            self._sample_torch(s, now)
-        for key, value in self.system.process().items():
-            setattr(s, key, value)
-        s.shm_used_bytes, s.shm_total_bytes = self.system.shm()
-        s.gpu = self.system.gpu()
+            self._part(self._sample_torch, s, now)
+        self._part(self._sample_system, s)
         if s.status == "starting" and (p.step or p.batch_seq or s.collectives):
             s.status = "running"
         self.stats.samples += 1
@@ -234,6 +233,18 @@ class Reporter:
             gpu_util_percent=s.gpu.util_percent if s.gpu else None,
         ))
         return s
+
+    def _part(self, part: Any, *args: Any) -> None:
+        try:
+            part(*args)
+        except Exception as exc:
+            self._count_error(exc)
+
+    def _sample_system(self, s: RankState) -> None:
+        for key, value in self.system.process().items():
+            setattr(s, key, value)
+        s.shm_used_bytes, s.shm_total_bytes = self.system.shm()
+        s.gpu = self.system.gpu()
 
     def _sample_progress(self, s: RankState, p: Progress) -> None:
         steps, step_time, wait = p.step, p.step_time_total, p.wait_total
