@@ -115,6 +115,12 @@ class ReporterStats(msgspec.Struct, gc=False, kw_only=True):
     clients: int = 0
     last_error: str = ""
     sample_cost_s: float = 0.0  # CPU time of the last sample, on the reporter thread
+    # What the rank's server refused its peers (see ddptop.reporter.limits).
+    dropped_replies: int = 0  # replies not queued: the peer asked without reading
+    rate_limited: int = 0  # requests over the per-connection rate
+    rejected_peers: int = 0  # garbage, wrong version, oversized frame, bad token
+    evicted_peers: int = 0  # closed to make room for a newer connection
+    timed_out_peers: int = 0  # handshake too slow, idle, or not reading
 
 
 class RankState(msgspec.Struct, gc=False, kw_only=True):

@@ -105,6 +105,11 @@ class FrameBuffer:
         return out
 
     @property
+    def header_seen(self) -> bool:
+        """True once the stream header arrived (and was valid)."""
+        return not self._need_header
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buf)
