@@ -112,7 +112,7 @@ class FrameParser(Generic[T]):
                 with memoryview(buf) as view, view[pos + LENGTH.size : end] as payload:
                     try:
                         value = self._decoder.decode(payload)
-                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # bad UTF-8 in a tag too
                         raise ProtocolError(f"undecodable frame: {str(exc)[:200]}") from None
                 pos = end
                 self.decoded += 1
