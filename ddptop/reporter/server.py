@@ -185,9 +185,13 @@ class ReporterServer:
             oldest = next(iter(self._pending))
             self.counters.evicted_peers += 1
             self._drop(oldest, "evicted: too many connections in the handshake")
+        self.adopt(sock, f"{addr[0]}:{addr[1]}")
+
+    def adopt(self, sock: socket.socket, addr: str) -> None:
+        """Serve an already connected peer socket as if it had just been accepted."""
         sock.setblocking(False)
         now = time.monotonic()
-        client = _Client(server=self, sock=sock, addr=f"{addr[0]}:{addr[1]}", created=now,
+        client = _Client(server=self, sock=sock, addr=addr, created=now,
                          bucket=TokenBucket(limits.REQUEST_RATE, limits.REQUEST_BURST, now),
                          last_request=now, last_drain=now)
         self._clients.add(client)
