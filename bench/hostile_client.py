@@ -141,6 +141,7 @@ def main() -> int:
         first, _ = _snapshot(job)
         rss0 = {k: r["rss_bytes"] for k, r in _ranks(first).items()}
         rates: dict[str, list[float]] = {"A": [], "B": []}
+        grew: dict[str, float] = {"A": 0.0, "B": 0.0}  # rank RSS growth summed over phases, MiB
         answers: dict[str, list[float]] = {"A": [], "B": []}
         unanswered = {"A": 0, "B": 0}
         last = first
@@ -158,6 +159,9 @@ def main() -> int:
                 if attack is not None:
                     attack.stop()
                 a, b = _ranks(start), _ranks(end)
+                common = set(a) & set(b)
+                if common:
+                    grew[phase] += max(b[k]["rss_bytes"] - a[k]["rss_bytes"] for k in common) / 2**20
                 for rank in set(a) & set(b):
                     dt = b[rank]["time"] - a[rank]["time"]
                     if dt > 0 and b[rank]["step"] > a[rank]["step"]:
@@ -176,7 +180,8 @@ def main() -> int:
         print(f"{phase:6} {step * 1000:>13.2f} {statistics.median(ans):>12.2f} / {max(ans):<9.2f} "
               f"{unanswered[phase]:>17}")
     print(f"step time ratio B/A: {step_b / step_a:.3f}")
-    print(f"rank RSS growth over the run (max over ranks): {growth:.1f} MiB")
+    print(f"rank RSS growth over the run (max over ranks): {growth:.1f} MiB; summed over "
+          f"A phases {grew['A']:.1f} MiB, over B phases {grew['B']:.1f} MiB")
     for rank, r in sorted(final.items()):
         rep = r["reporter"]
         print(f"rank {rank} reporter: rate_limited={rep.get('rate_limited')} "

@@ -40,6 +40,8 @@ STALL_TIMEOUT_S = 60.0
 SWEEP_INTERVAL_S = 0.5
 MAX_CLIENTS = 64  # viewers that completed the handshake
 MAX_PENDING = 16  # connections still in the handshake
+LISTEN_BACKLOG = 128
+ACCEPTS_PER_WAKE = 8  # < MAX_PENDING: a newcomer is read before a burst can evict it
 
 
 class TokenBucket:

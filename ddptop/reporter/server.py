@@ -88,7 +88,9 @@ class ReporterServer:
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, port))
-            self._listener.listen(16)
+            # A deep backlog: with a shallow one, peers that connect and linger fill it and
+            # a real viewer's SYN is dropped (then retried after 1 s, 3 s...).
+            self._listener.listen(limits.LISTEN_BACKLOG)
             self._listener.setblocking(False)
         except OSError:
             self._listener.close()
@@ -175,10 +177,17 @@ class ReporterServer:
     # ---------------------------------------------------------------- connections
 
     def _accept(self) -> None:
-        try:
-            sock, addr = self._listener.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
+        for _ in range(limits.ACCEPTS_PER_WAKE):  # drain the backlog, boundedly
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # out of descriptors: refuse, never raise into the loop
+                log.warning("ddptop rank %s: accept failed: %s", self._rank, exc)
+                return
+            self._admit_new(sock, addr)
+
+    def _admit_new(self, sock: socket.socket, addr: tuple[str, int]) -> None:
         if len(self._pending) >= limits.MAX_PENDING:
             # Handshaking peers have their own small pool, oldest out first: silent
             # sockets cannot keep a newcomer (a real viewer finishes in milliseconds) out.
