@@ -38,7 +38,7 @@ MAX_FRAMES = 5_000_000
 # cannot demand much memory, whatever it claims.
 FRAMES_FREE = 20_000
 MIN_FILE_BYTES_PER_FRAME = 8  # recordings take 70-80
-BYTES_FREE = 64 * 1024 * 1024
+BYTES_FREE = 16 * 1024 * 1024
 MAX_EXPANSION = 100  # decompressed bytes per file byte; recordings expand about 20:1
 MAX_RANKS = 1 << 16
 MAX_SAMPLES_PER_FRAME = 100_000
