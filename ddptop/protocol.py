@@ -15,12 +15,21 @@ rank), which the cyclic garbage collector would otherwise walk on every full col
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 PROTOCOL_VERSION = 1
 ENQUEUE_STRIDE = 8  # see CollectiveGroup.enqueue_times
+
+# Length caps a decoder enforces before it builds anything: a frame of tiny list items
+# (one byte each in msgpack, a 56-byte list or a 24-byte float each once decoded) must
+# not turn one 16 MiB frame into gigabytes. Far above anything a reporter sends.
+MAX_DIMS = 64  # dimensions of one tensor shape
+MAX_ITEMS = 4096  # tensors of an op, groups, pending ops per group, threads, pids, env vars
+MAX_SAMPLES = 100_000  # history samples in one frame
+MAX_SHORT_TEXT = 256  # commands, nonces, proofs
+Shape = Annotated[list[int], msgspec.Meta(max_length=MAX_DIMS)]
 
 # Commands a viewer may send to a rank. A fixed, read-only set: nothing a viewer sends
 # can change the training process.
@@ -35,7 +44,9 @@ class PendingOp(msgspec.Struct, gc=False, kw_only=True):
 
     seq: int
     op: str  # e.g. "gloo:all_gather", "nccl:_allgather_base"
-    sizes: list[list[list[int]]] = []  # [input_sizes, output_sizes]
+    # [input_sizes, output_sizes]
+    sizes: Annotated[list[Annotated[list[Shape], msgspec.Meta(max_length=MAX_ITEMS)]],
+                     msgspec.Meta(max_length=2)] = []
     dtype: str = ""
     age_s: float = 0.0
     started_at: float = 0.0  # wall clock (epoch seconds) the op was enqueued
@@ -52,16 +63,16 @@ class CollectiveGroup(msgspec.Struct, gc=False, kw_only=True):
     size: int = 0
     backend: str = ""
     timeout_s: float | None = None
-    pending: list[PendingOp] = []
+    pending: Annotated[list[PendingOp], msgspec.Meta(max_length=MAX_ITEMS)] = []
     seq_changed_at: float = 0.0  # wall clock of the last observed seq advance
     # (seq, wall clock the rank enqueued it) for seqs that are multiples of
     # ENQUEUE_STRIDE: every rank reports the same seqs, so a viewer can see which rank
     # enters each collective late (the straggler the others wait for).
-    enqueue_times: list[tuple[int, float]] = []
+    enqueue_times: Annotated[list[tuple[int, float]], msgspec.Meta(max_length=MAX_ITEMS)] = []
     # The last collectives the rank entered on this group, oldest first, from a fresh Flight
     # Recorder read: filled only in last words (exception, SIGTERM, exit), where a post-mortem
     # compares them across ranks to find the first seq at which they ran different ops.
-    recent: list[PendingOp] = []
+    recent: Annotated[list[PendingOp], msgspec.Meta(max_length=MAX_ITEMS)] = []
 
 
 class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
@@ -77,7 +88,8 @@ class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
     mem_total_bytes: int | None = None
     temperature_c: float | None = None
     power_w: float | None = None
-    p2p: dict[str, str] = {}  # peer GPU index -> NVML P2P status word
+    # peer GPU index -> NVML P2P status word
+    p2p: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_ITEMS)] = {}
 
 
 class ParamFingerprint(msgspec.Struct, gc=False, kw_only=True):
@@ -87,7 +99,7 @@ class ParamFingerprint(msgspec.Struct, gc=False, kw_only=True):
     numel: int  # total elements
     shapes_hash: str
     wrapper: str = ""  # DistributedDataParallel / FullyShardedDataParallel
-    shapes: list[tuple[str, list[int]]] = []  # (name, shape), capped
+    shapes: Annotated[list[tuple[str, Shape]], msgspec.Meta(max_length=MAX_ITEMS)] = []  # (name, shape)
     dtensors: int = 0  # parameters that are DTensors (FSDP2, TP): global shapes, placements hashed
 
 
@@ -120,6 +132,12 @@ class ReporterStats(msgspec.Struct, gc=False, kw_only=True):
     clients: int = 0
     last_error: str = ""
     sample_cost_s: float = 0.0  # CPU time of the last sample, on the reporter thread
+    # What the rank's server refused its peers (see ddptop.reporter.limits).
+    dropped_replies: int = 0  # replies not queued: the peer asked without reading
+    rate_limited: int = 0  # requests over the per-connection rate
+    rejected_peers: int = 0  # garbage, wrong version, oversized frame, bad token
+    evicted_peers: int = 0  # closed to make room for a newer connection
+    timed_out_peers: int = 0  # handshake too slow, idle, or not reading
 
 
 class WorkerCrash(msgspec.Struct, gc=False, kw_only=True):
@@ -128,7 +146,8 @@ class WorkerCrash(msgspec.Struct, gc=False, kw_only=True):
     pid: int
     worker_id: int | None = None  # index among the training loader's workers, when known
     signal: str = ""  # "Segmentation fault", "Killed"...
-    stack: list[str] = []  # the faulting thread's frames, innermost first (faulthandler)
+    # the faulting thread's frames, innermost first (faulthandler)
+    stack: Annotated[list[str], msgspec.Meta(max_length=MAX_ITEMS)] = []
     crash_file: str = ""  # base name of its crash file on the rank's host
 
 
@@ -150,7 +169,7 @@ class LoaderInfo(msgspec.Struct, gc=False, kw_only=True):
     steps: int = 0  # optimizer steps its batches fed
     batch_size: int | None = None
     workers: int = 0
-    worker_pids: list[int] = []
+    worker_pids: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []
     ready_batches: int | None = None  # prefetched, unconsumed batches of its live iterator
     last_batch_at: float = 0.0  # wall clock of its latest batch
 
@@ -178,16 +197,16 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     data_wait_fraction: float | None = None
     loader_ready_batches: int | None = None
     loader_workers: int = 0
-    loader_worker_pids: list[int] = []
+    loader_worker_pids: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []
     last_batch_at: float = 0.0
     # collectives
     backend: str = ""
-    collectives: list[CollectiveGroup] = []
+    collectives: Annotated[list[CollectiveGroup], msgspec.Meta(max_length=MAX_ITEMS)] = []
     # system
     cpu_percent: float | None = None
     rss_bytes: int | None = None
     threads: int | None = None
-    load_avg: list[float] = []
+    load_avg: Annotated[list[float], msgspec.Meta(max_length=16)] = []
     cpu_count: int | None = None
     mem_available_bytes: int | None = None
     shm_used_bytes: int | None = None
@@ -195,7 +214,7 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     gpu: GpuInfo | None = None
     # environment and fingerprints
     versions: Versions = msgspec.field(default_factory=Versions)
-    env: dict[str, str] = {}
+    env: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_ITEMS)] = {}
     param_fingerprint: ParamFingerprint | None = None
     rng_fingerprint: RngFingerprint | None = None
     crash_file: str = ""
@@ -206,9 +225,10 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     exit_code: int | None = None  # exit code, when it exited by itself
     exit_signal: str = ""  # "SIGSEGV", "SIGTERM"... when a signal ended it
     exited_at: float = 0.0  # wall clock of the exit, as the agent saw it
-    worker_crashes: list[WorkerCrash] = []  # forked children that died (agent-filled)
+    # forked children that died (agent-filled)
+    worker_crashes: Annotated[list[WorkerCrash], msgspec.Meta(max_length=MAX_ITEMS)] = []
     # every DataLoader this rank iterated (the fields above describe the training one)
-    loaders: list[LoaderInfo] = []
+    loaders: Annotated[list[LoaderInfo], msgspec.Meta(max_length=MAX_ITEMS)] = []
 
 
 class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):
@@ -240,7 +260,7 @@ class ThreadStack(msgspec.Struct, gc=False, kw_only=True):
 
     thread_id: int
     name: str
-    frames: list[FrameStack]
+    frames: Annotated[list[FrameStack], msgspec.Meta(max_length=MAX_ITEMS)]
     is_main: bool = False
 
 
@@ -252,7 +272,7 @@ class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
 
     protocol: int
     role: str  # "rank" or "viewer"
-    nonce: str = ""  # server challenge (hex); empty when no token is required
+    nonce: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)] = ""  # server challenge (hex)
     auth_required: bool = False
     rank: int | None = None
     job_id: str = ""
@@ -261,7 +281,7 @@ class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
 class AuthProof(msgspec.Struct, gc=False, tag="auth", kw_only=True):
     """Viewer's answer to the challenge: HMAC-SHA256(token, nonce) in hex."""
 
-    mac: str
+    mac: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)]
 
 
 class AuthResult(msgspec.Struct, gc=False, tag="auth_result", kw_only=True):
@@ -274,7 +294,7 @@ class AuthResult(msgspec.Struct, gc=False, tag="auth_result", kw_only=True):
 class Request(msgspec.Struct, gc=False, tag="request", kw_only=True):
     """A read-only command from a viewer."""
 
-    command: str
+    command: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)]
     id: int = 0
     interval_s: float = 1.0  # for "subscribe"
 
@@ -290,7 +310,7 @@ class HistoryMsg(msgspec.Struct, gc=False, tag="history", kw_only=True):
     """The rank's ring buffer of samples, oldest first."""
 
     rank: int
-    samples: list[Sample]
+    samples: Annotated[list[Sample], msgspec.Meta(max_length=MAX_SAMPLES)]
     id: int = 0
 
 
@@ -299,7 +319,7 @@ class StacksMsg(msgspec.Struct, gc=False, tag="stacks", kw_only=True):
 
     rank: int
     time: float
-    threads: list[ThreadStack]
+    threads: Annotated[list[ThreadStack], msgspec.Meta(max_length=MAX_ITEMS)]
     id: int = 0
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, Generic, TypeVar
 
 import msgspec
 
@@ -27,6 +27,8 @@ MAGIC = b"DDPTOP"
 HEADER = struct.Struct(">6sH")
 LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+T = TypeVar("T")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
@@ -59,50 +61,69 @@ def encode_frame(message: Message) -> bytes:
     return LENGTH.pack(len(payload)) + payload
 
 
-def decode_payload(payload: bytes) -> Message:
-    """Decode one frame payload; ProtocolError if it is not a valid message."""
-    try:
-        return _decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ProtocolError(f"undecodable frame: {exc}") from None
-
-
 def check_length(length: int, limit: int = MAX_FRAME_BYTES) -> None:
     """Refuse a frame length over *limit* before reading its payload."""
     if length > limit:
         raise ProtocolError(f"frame of {length} bytes exceeds the {limit} limit")
 
 
-class FrameBuffer:
-    """Incremental decoder for a non-blocking socket: feed bytes, take messages."""
+class FrameParser(Generic[T]):
+    """The one frame parser, for sockets and files: append bytes, take decoded frames.
 
-    def __init__(self, expect_header: bool = True, limit: int = MAX_FRAME_BYTES) -> None:
+    *decoder* turns a payload into a typed value (the wire's ``Message`` union for sockets,
+    the bundle's ``Frame`` union for files). Frames are decoded one at a time, straight
+    from the buffer, so a chunk of a million tiny frames never becomes a million-item
+    list at once; bytes are dropped from the buffer once per batch.
+    """
+
+    def __init__(self, decoder: msgspec.msgpack.Decoder[T], expect_header: bool = True,
+                 limit: int = MAX_FRAME_BYTES) -> None:
+        self._decoder = decoder
         self._buf = bytearray()
         self._need_header = expect_header
         self._limit = limit
+        self.decoded = 0  # frames decoded so far
 
-    def feed(self, data: bytes) -> list[Message]:
-        """Append *data*; return every complete message now available."""
+    def append(self, data: bytes) -> None:
+        """Add received bytes; ProtocolError as soon as a header is foreign."""
         self._buf += data
-        out: list[Message] = []
         if self._need_header:
             if len(self._buf) < HEADER.size:
                 # A garbage peer is refused as soon as its first bytes disagree.
                 if not MAGIC.startswith(bytes(self._buf[: len(MAGIC)])):
-                    raise ProtocolError(f"not a ddptop stream (magic {bytes(self._buf)!r})")
-                return out
+                    raise ProtocolError(f"not a ddptop stream (magic {bytes(self._buf[:16])!r})")
+                return
             check_header(bytes(self._buf[: HEADER.size]))
             del self._buf[: HEADER.size]
             self._need_header = False
-        while len(self._buf) >= LENGTH.size:
-            (length,) = LENGTH.unpack_from(self._buf)
-            check_length(length, self._limit)
-            end = LENGTH.size + length
-            if len(self._buf) < end:
-                break
-            out.append(decode_payload(bytes(self._buf[LENGTH.size : end])))
-            del self._buf[:end]
-        return out
+
+    def frames(self) -> Iterator[T]:
+        """Decode and yield every complete frame now buffered (ProtocolError if one is bad)."""
+        if self._need_header:
+            return
+        pos, buf = 0, self._buf
+        try:
+            while len(buf) - pos >= LENGTH.size:
+                (length,) = LENGTH.unpack_from(buf, pos)
+                check_length(length, self._limit)
+                end = pos + LENGTH.size + length
+                if len(buf) < end:
+                    break
+                with memoryview(buf) as view, view[pos + LENGTH.size : end] as payload:
+                    try:
+                        value = self._decoder.decode(payload)
+                    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # bad UTF-8 in a tag too
+                        raise ProtocolError(f"undecodable frame: {str(exc)[:200]}") from None
+                pos = end
+                self.decoded += 1
+                yield value
+        finally:
+            del buf[:pos]
+
+    @property
+    def header_seen(self) -> bool:
+        """True once the stream header arrived (and was valid)."""
+        return not self._need_header
 
     @property
     def pending_bytes(self) -> int:
@@ -110,36 +131,31 @@ class FrameBuffer:
         return len(self._buf)
 
 
-def read_exact(stream: BinaryIO, size: int) -> bytes:
-    """Read up to *size* bytes from a blocking stream (fewer only at end of stream)."""
-    chunks: list[bytes] = []
-    remaining = size
-    while remaining > 0:
-        chunk = stream.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+class FrameBuffer(FrameParser[Message]):
+    """Incremental decoder of wire messages for a non-blocking socket: feed bytes, take messages."""
+
+    def __init__(self, expect_header: bool = True, limit: int = MAX_FRAME_BYTES) -> None:
+        super().__init__(_decoder, expect_header, limit)
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Append *data*; return every complete message now available."""
+        self.append(data)
+        return list(self.frames())
 
 
-def iter_stream(stream: BinaryIO, limit: int = MAX_FRAME_BYTES) -> Iterator[Message]:
+def iter_stream(stream: BinaryIO, limit: int = MAX_FRAME_BYTES, chunk: int = 1 << 16) -> Iterator[Message]:
     """Yield messages from a blocking stream that starts with a header.
 
     A stream that ends cleanly between frames simply stops. A stream cut inside a frame
     (a killed recorder) raises ProtocolError *after* every complete frame was yielded,
     so callers keep everything up to the damage.
     """
-    check_header(read_exact(stream, HEADER.size))
-    while True:
-        raw = read_exact(stream, LENGTH.size)
-        if not raw:
-            return
-        if len(raw) < LENGTH.size:
-            raise ProtocolError("stream ended inside a frame length")
-        (length,) = LENGTH.unpack(raw)
-        check_length(length, limit)
-        payload = read_exact(stream, length)
-        if len(payload) < length:
-            raise ProtocolError(f"stream ended inside a frame ({len(payload)} of {length} bytes)")
-        yield decode_payload(payload)
+    parser = FrameBuffer(limit=limit)
+    while data := stream.read(chunk):
+        parser.append(data)
+        yield from parser.frames()
+    if not parser.header_seen:
+        check_header(bytes(parser._buf))  # says why: foreign, or cut inside the header
+    if parser.pending_bytes:
+        raise ProtocolError(f"stream ended inside a frame ({parser.pending_bytes} bytes after "
+                            f"frame {parser.decoded})")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.jobs import JobRunner
 
@@ -34,3 +35,10 @@ def job_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobR
 def pytest_configure(config: pytest.Config) -> None:
     # Ranks and viewers started by tests must never pick up a developer's token.
     os.environ.pop("DDPTOP_TOKEN", None)
+
+
+# Property tests: repeatable in CI (derandomized, no example database), no deadline on a
+# shared 2-core machine (a slow example is not a failure).
+settings.register_profile("ddptop", derandomize=True, database=None, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ddptop")

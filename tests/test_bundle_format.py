@@ -170,3 +170,51 @@ def test_atomic_bundle_is_whole_or_absent(tmp_path: Path) -> None:
     assert not path.exists()
     writer.abort()
     assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def _tiny_frames_file(path: Path, frames: int) -> Path:
+    """A crafted recording: a manifest, then *frames* identical tiny valid frames, gzipped."""
+    from ddptop.protocol import ConnectionEvent
+
+    one = fmt.encoder.encode(ConnectionEvent(time=1.0, rank=0, status="lost"))
+    body = _raw([_manifest()]) + (LENGTH.pack(len(one)) + one) * frames
+    path.write_bytes(gzip.compress(body, 9))
+    return path
+
+
+def test_million_tiny_frames_refused_in_proportion_to_file_size(tmp_path: Path) -> None:
+    """A ~200 KB file of a million tiny frames is refused with one line, before it is read."""
+    path = _tiny_frames_file(tmp_path / "crafted.ddptop", 1_000_000)
+    assert path.stat().st_size < 400_000
+    with pytest.raises(BundleError, match=r"more than .* frames for its") as info:
+        read_file(path)
+    assert "\n" not in str(info.value)
+    # The same kind of frames, as many as such a file may hold, still read.
+    small = _tiny_frames_file(tmp_path / "ok.ddptop", 10_000)
+    assert len(read_file(small).events) == 10_000
+
+
+def test_decompression_bomb_refused_in_proportion_to_file_size(tmp_path: Path) -> None:
+    """Valid frames of repeated text expand a thousandfold: refused by the expansion budget."""
+    from ddptop.protocol import FrTraceMsg
+
+    path = tmp_path / "bomb.ddptop"
+    big = RecordEntry(time=1.0, rank=0, message=FrTraceMsg(rank=0, time=1.0, json="0" * (15 << 20)))
+    path.write_bytes(gzip.compress(_raw([_manifest()] + [big] * 8), 6))
+    assert path.stat().st_size < 1_000_000
+    with pytest.raises(BundleError, match="expands beyond"):
+        read_file(path)
+
+
+def test_protocol_length_caps_refuse_amplifying_lists() -> None:
+    """A frame of one-byte list items (floats, empty lists) is refused, not inflated."""
+    from ddptop.errors import ProtocolError
+    from ddptop.wire import FrameBuffer
+
+    for field_value in ({"load_avg": [0] * 17}, {"loader_worker_pids": [0] * 5000},
+                        {"collectives": [{"pg": "0", "seq": 0, "pending": [
+                            {"seq": 0, "op": "x", "sizes": [[[]] * 5000]}]}]}):
+        state = {"rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "pid": 1, **field_value}
+        payload = msgspec.msgpack.encode({"type": "state", "state": state})
+        with pytest.raises(ProtocolError, match="length <="):
+            FrameBuffer().feed(header_bytes() + LENGTH.pack(len(payload)) + payload)

@@ -14,6 +14,7 @@ import pytest
 from ddptop.bundle.format import CrashFile
 from ddptop.bundle.reader import read_file
 from ddptop.bundle.replay_source import ReplaySource
+from ddptop.errors import BundleError
 from ddptop.protocol import FrTraceMsg, HistoryMsg, RecordEntry, StacksMsg, StateMsg
 from tests.jobs import JobRunner, RunningJob, ddptop_cmd
 from tests.test_bundle_format import CANARIES
@@ -34,6 +35,16 @@ def _recorder(job: RunningJob, out: Path) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
+def _has_states(path: Path, ranks: int) -> bool:
+    """True once the file at *path* reads and holds a state of each of *ranks* ranks."""
+    try:
+        contents = read_file(path)
+    except BundleError:
+        return False  # not written yet, or cut inside its first member
+    seen = {e.rank for e in contents.events if isinstance(e, RecordEntry) and isinstance(e.message, StateMsg)}
+    return len(seen) >= ranks
+
+
 def _crash_time(source: ReplaySource, rank: int) -> float:
     for event in source.contents.events:
         if (isinstance(event, RecordEntry) and isinstance(event.message, StateMsg)
@@ -48,7 +59,11 @@ def test_record_sigsegv_rank_and_killed_recorder(job_runner: JobRunner, tmp_path
     full, killed = tmp_path / "full.ddptop", tmp_path / "killed.ddptop"
     rec_full, rec_killed = _recorder(job, full), _recorder(job, killed)
     try:
-        time.sleep(4.0)
+        # Kill the recorder once its file holds states of both ranks (a flushed member).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _has_states(killed, 2):
+            time.sleep(0.2)
+        assert _has_states(killed, 2), "the recorder never flushed states of both ranks"
         os.kill(rec_killed.pid, signal.SIGKILL)  # mid-run: the file must still load
         rec_killed.wait(timeout=10)
         victim = next(r for r in snap["ranks"] if r["rank"] == 1)
@@ -87,8 +102,9 @@ def test_record_sigsegv_rank_and_killed_recorder(job_runner: JobRunner, tmp_path
 
 def test_export_live_four_rank_job(job_runner: JobRunner, tmp_path: Path) -> None:
     job = job_runner.start("healthy", nproc=4, env={"PROBE_SECONDS": "40", **CANARIES})
-    job.wait_ranks(4, timeout=120)
-    time.sleep(2.0)  # some history in every ring buffer
+    # Some history in every ring buffer: each reporter has sampled a few times.
+    job.wait_for(lambda s: len(s["ranks"]) == 4 and all(r["reporter"]["samples"] >= 3 for r in s["ranks"]),
+                 timeout=120)
     out = tmp_path / "bundle.ddptop"
     res = job.run_cli("export", "-o", str(out), job.job_id, timeout=90)
     assert res.returncode == 0, res.stderr

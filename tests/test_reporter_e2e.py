@@ -239,11 +239,9 @@ def test_snapshot_after_sigkill_of_a_rank(job_runner: JobRunner) -> None:
     assert res.returncode != 0, res.stdout
     assert "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    if res.stdout.strip():
-        snap = json.loads(res.stdout)
-        for r in snap["ranks"]:
-            if r["rank"] == 1:
-                assert r["status"] in ("lost", "crashed", "exited")
+    shown = json.loads(res.stdout)["ranks"] if res.stdout.strip() else []
+    rank1 = {r["status"] for r in shown if r["rank"] == 1}
+    assert rank1 <= {"lost", "crashed", "exited"}, rank1  # absent, or shown as gone
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -125,10 +125,9 @@ def test_snapshot_cli_sees_a_subprocess_generator(tmp_path: Path) -> None:
         one = snapshot()
         job = one["job"]
         assert isinstance(job, dict) and job["answered"] == 64 and not job["unreachable"]
-        time.sleep(1.5)
-        two = snapshot()
-        steps = [(a["step"], b["step"]) for a, b in zip(one["ranks"], two["ranks"], strict=True)]  # type: ignore[call-overload]
-        assert all(b > a for a, b in steps), steps
+        before = {r["rank"]: r["step"] for r in one["ranks"]}  # type: ignore[index]
+        wait_until(lambda: all(r["step"] > before[r["rank"]] for r in snapshot()["ranks"]),  # type: ignore[index]
+                   timeout=30, what="every rank to make progress")
     finally:
         gen.stop()
     assert gen.proc.returncode is not None
@@ -140,7 +139,12 @@ def test_desync_differing_batches_per_epoch_and_pending_ops(runtime_dir: Path) -
                       desync_after_s=1.0, seed=3) as job:
         odd = job.odd_rank
         assert odd != 0
-        time.sleep(1.5)
+        def desynced() -> bool:
+            snap = take_snapshot(resolve("desync"), timeout=10)
+            return any(s.batches_per_epoch != 240 for s in snap.ranks) and all(
+                s.collectives and s.collectives[0].pending for s in snap.ranks)
+
+        wait_until(desynced, timeout=30, what="the desync to show")
         snap = take_snapshot(resolve("desync"), timeout=10)
         by_rank = {s.rank: s for s in snap.ranks}
         assert len(by_rank) == 8

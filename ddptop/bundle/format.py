@@ -23,6 +23,7 @@ import msgspec
 
 from ddptop.diagnosis.finding import Finding
 from ddptop.protocol import ConnectionEvent, RankExit, RecordEntry
+from ddptop.wire import MAX_FRAME_BYTES as MAX_FRAME_BYTES  # one frame limit, sockets and files
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,14 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 # Bounds every reader enforces, whatever the file claims (a hostile file cannot make us
 # allocate or loop beyond these).
-MAX_FRAME_BYTES = 16 * 1024 * 1024
-MAX_TOTAL_BYTES = 2 * 1024 * 1024 * 1024  # decompressed
+MAX_TOTAL_BYTES = 1024 * 1024 * 1024  # decompressed
 MAX_FRAMES = 5_000_000
+# ... and in proportion to the file's size (see reader._frame_budget): a small file
+# cannot demand much memory, whatever it claims.
+FRAMES_FREE = 20_000
+MIN_FILE_BYTES_PER_FRAME = 8  # recordings take 70-80
+BYTES_FREE = 16 * 1024 * 1024
+MAX_EXPANSION = 100  # decompressed bytes per file byte; recordings expand about 20:1
 MAX_RANKS = 1 << 16
 MAX_SAMPLES_PER_FRAME = 100_000
 MAX_CRASH_BYTES = 256 * 1024

@@ -19,14 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-import msgspec
-
 from ddptop.bundle import format as fmt
 from ddptop.bundle.format import CrashFile, EndMarker, Event, FindingsRecord, Frame, HostFacts, Manifest
-from ddptop.errors import BundleError
+from ddptop.errors import BundleError, ProtocolError
 from ddptop.model.job import JobModel
-from ddptop.protocol import PROTOCOL_VERSION, ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
-from ddptop.wire import HEADER, LENGTH, MAGIC
+from ddptop.protocol import ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
+from ddptop.wire import MAGIC, MAX_FRAME_BYTES, FrameParser
 
 log = logging.getLogger(__name__)
 
@@ -129,59 +127,59 @@ def _validate(frame: Frame, index: int) -> None:
             _check_rank(rank, what)
 
 
+def _frame_budget(file_size: int) -> tuple[int, int]:
+    """Frames and decompressed bytes a file of *file_size* bytes may hold.
+
+    Recordings compress about 20:1 at 70-80 file bytes a frame; a crafted file of a
+    million tiny identical frames compresses a thousandfold. Tying both budgets to the
+    file's size keeps the memory a file can demand proportional to the file.
+    """
+    frames = min(fmt.MAX_FRAMES, fmt.FRAMES_FREE + file_size // fmt.MIN_FILE_BYTES_PER_FRAME)
+    total = min(fmt.MAX_TOTAL_BYTES, fmt.BYTES_FREE + file_size * fmt.MAX_EXPANSION)
+    return frames, total
+
+
 def iter_frames(fh: BinaryIO, warnings: list[str]) -> Iterator[Frame]:
     """Validated frames of an open file; damage at the end becomes a warning."""
     head = fh.read(2)
+    size = fh.seek(0, os.SEEK_END)
     fh.seek(0)
     compressed = head == fmt.GZIP_MAGIC
     if not compressed and head != MAGIC[:2]:
         raise BundleError(f"not a ddptop recording or bundle (starts with {head!r})")
-    buf = bytearray()
-    seen_header, total, count = False, 0, 0
+    max_frames, max_total = _frame_budget(size)
+    parser = FrameParser(fmt.decoder, limit=MAX_FRAME_BYTES)
+    total = 0
     try:
         for chunk in _chunks(fh, compressed):
             total += len(chunk)
-            if total > fmt.MAX_TOTAL_BYTES:
-                raise BundleError(f"file expands beyond {fmt.MAX_TOTAL_BYTES >> 20} MiB; refusing it")
-            buf += chunk
-            if not seen_header:
-                if len(buf) < HEADER.size:
-                    continue
-                magic, version = HEADER.unpack_from(buf)
-                if magic != MAGIC:
-                    raise BundleError(f"not a ddptop recording or bundle (magic {bytes(magic)!r})")
-                if version != PROTOCOL_VERSION:
-                    raise BundleError(f"stream version {version} is not supported "
-                                      f"(this ddptop reads {PROTOCOL_VERSION})")
-                del buf[: HEADER.size]
-                seen_header = True
-            pos = 0
-            with memoryview(buf) as view:
-                while len(buf) - pos >= LENGTH.size:
-                    (length,) = LENGTH.unpack_from(buf, pos)
-                    if length > fmt.MAX_FRAME_BYTES:
-                        raise BundleError(f"frame {count} claims {length} bytes "
-                                          f"(limit {fmt.MAX_FRAME_BYTES})")
-                    end = pos + LENGTH.size + length
-                    if len(buf) < end:
-                        break
-                    try:
-                        frame = fmt.decoder.decode(view[pos + LENGTH.size : end])
-                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                        raise BundleError(f"corrupt frame {count}: {str(exc)[:120]}") from None
-                    _validate(frame, count)
-                    count += 1
-                    if count > fmt.MAX_FRAMES:
-                        raise BundleError(f"file holds more than {fmt.MAX_FRAMES} frames; refusing it")
-                    pos = end
-                    yield frame
-            del buf[:pos]
+            if total > max_total:
+                raise BundleError(f"file expands beyond {max_total >> 20} MiB "
+                                  f"({size} bytes on disk); refusing it")
+            try:
+                parser.append(chunk)
+            except ProtocolError as exc:
+                raise BundleError(str(exc).replace("a ddptop stream", "a ddptop recording or bundle"))
+            frames = parser.frames()
+            while True:
+                try:
+                    frame = next(frames)
+                except StopIteration:
+                    break
+                except ProtocolError as exc:
+                    raise BundleError(f"corrupt frame {parser.decoded}: {exc}") from None
+                if parser.decoded > max_frames:
+                    raise BundleError(f"file holds more than {max_frames} frames for its "
+                                      f"{size} bytes; refusing it")
+                _validate(frame, parser.decoded - 1)
+                yield frame
     except _Truncated:
         warnings.append("the file ends inside a compressed block (recorder killed?)")
-    if not seen_header:
+    if not parser.header_seen:
         raise BundleError("file ends inside its header" if total else "empty file")
-    if buf:
-        warnings.append(f"the file ends inside a frame ({len(buf)} bytes after frame {count})")
+    if parser.pending_bytes:
+        warnings.append(f"the file ends inside a frame ({parser.pending_bytes} bytes "
+                        f"after frame {parser.decoded})")
 
 
 def read_file(path: str | os.PathLike[str]) -> Contents:

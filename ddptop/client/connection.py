@@ -97,13 +97,20 @@ class RankConnection:
         self._next_id += 1
         ident = self._next_id
         self._send(Request(command=command, id=ident, interval_s=interval_s))
-        while True:
-            message = self.receive()
-            if isinstance(message, ErrorMsg) and message.id in (ident, 0):
-                raise ProtocolError(f"{self.label}: {message.reason}")
-            if isinstance(message, reply_type) and getattr(message, "id", ident) == ident:
-                return message
-            self._inbox.append(message)  # e.g. a subscribed state frame arriving first
+        # Other messages (a subscribed state frame, a late reply) are kept for receive(),
+        # in order; put back only once this reply is found, or receive() would hand the
+        # same queued message back forever.
+        deferred: list[Message] = []
+        try:
+            while True:
+                message = self.receive()
+                if isinstance(message, ErrorMsg) and message.id in (ident, 0):
+                    raise ProtocolError(f"{self.label}: {message.reason}")
+                if isinstance(message, reply_type) and getattr(message, "id", ident) == ident:
+                    return message
+                deferred.append(message)
+        finally:
+            self._inbox[:0] = deferred
 
     def state(self) -> StateMsg:
         """The rank's current state."""

@@ -2,14 +2,15 @@
 
 Each connection starts with both sides sending the stream header; the rank then sends
 ``Hello`` (with a nonce when a token is required), and a viewer may send only the fixed,
-read-only ``Request`` commands. Sockets are non-blocking and each client's output is
-capped: a viewer too slow to read loses state frames (counted as dropped), it never
-stalls the rank. A peer that sends garbage, an oversized frame or a wrong version is
-dropped with one log line; nobody else is affected.
+read-only ``Request`` commands. Sockets are non-blocking and every peer is bounded in
+output, request rate, time and number (:mod:`ddptop.reporter.limits`): a viewer too slow
+to read loses state frames, a peer that asks without reading stops being read, and
+everything refused is counted. A peer that sends garbage, an oversized frame or a wrong
+version is dropped with one log line; nobody else is affected.
 
 A ``ServerLoop`` (one selector) drives any number of servers: a rank's server makes its
 own, the synthetic job (``ddptop.synthetic``) shares one among thousands of fake ranks,
-so the protocol, auth and output cap exist only here.
+so the protocol, auth and limits exist only here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,72 +32,20 @@ from ddptop.protocol import (
     ErrorMsg,
     Hello,
     Message,
+    ReporterStats,
     Request,
 )
+from ddptop.reporter import limits
+from ddptop.reporter.limits import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES, ServerCounters, TokenBucket
+from ddptop.reporter.server_loop import ServerLoop
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
+
+__all__ = ["MAX_CLIENT_OUTPUT", "MAX_REQUEST_BYTES", "ReporterServer", "ServerLoop"]
 
 log = logging.getLogger(__name__)
 
-MAX_CLIENT_OUTPUT = 8 * 1024 * 1024  # beyond this a slow viewer loses frames
-MAX_REQUEST_BYTES = 64 * 1024  # viewers only send small commands
-MAX_CLIENTS = 64
-
 Handler = Callable[[Request], Message]
-
-
-class ServerLoop:
-    """One selector driving the listeners and viewers of any number of :class:`ReporterServer`.
-
-    A rank owns one server and lets it make a private loop; the synthetic job puts thousands
-    of servers on one loop, since a selector per rank (an epoll fd and a poll call each)
-    does not scale to 4096 ranks in one thread.
-    """
-
-    def __init__(self, wakeable: bool = False) -> None:
-        self.selector = selectors.DefaultSelector()
-        # A loop polled by a thread that must stop promptly (a rank's reporter at exit, the
-        # synthetic job) needs waking; shared loops driven inline do not pay for the pair.
-        self._wake: tuple[socket.socket, socket.socket] | None = None
-        if wakeable:
-            self._wake = socket.socketpair()
-            self._wake[0].setblocking(False)
-            self.selector.register(self._wake[0], selectors.EVENT_READ, None)
-
-    def poll(self, timeout: float) -> None:
-        """Serve every registered socket for up to *timeout* seconds."""
-        for key, events in self.selector.select(timeout):
-            owner = key.data
-            if isinstance(owner, _Client):
-                owner.server._serve(owner, events)
-            elif isinstance(owner, ReporterServer):
-                owner._accept()
-            elif self._wake is not None:
-                try:
-                    self._wake[0].recv(4096)
-                except OSError:
-                    pass
-
-    def wake(self) -> None:
-        """Interrupt a :meth:`poll` running in another thread (needs ``wakeable=True``)."""
-        if self._wake is not None:
-            try:
-                self._wake[1].send(b"x")
-            except OSError:
-                pass
-
-    def unregister(self, sock: socket.socket) -> None:
-        """Forget *sock* (already forgotten or closed is fine)."""
-        try:
-            self.selector.unregister(sock)
-        except (KeyError, ValueError):
-            pass
-
-    def close(self) -> None:
-        """Close the wake pair and the selector (the servers close their own sockets)."""
-        for sock in self._wake or ():
-            self.unregister(sock)
-            sock.close()
-        self.selector.close()
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
 @dataclass(eq=False)
@@ -103,12 +53,22 @@ class _Client:
     server: ReporterServer
     sock: socket.socket
     addr: str
+    created: float  # monotonic
+    bucket: TokenBucket
     inbuf: FrameBuffer = field(default_factory=lambda: FrameBuffer(limit=MAX_REQUEST_BYTES))
     out: bytearray = field(default_factory=bytearray)
     nonce: str = ""
     authed: bool = False
+    admitted: bool = False  # handshake complete: counted among viewers, not pending peers
     subscribed: bool = False
-    writing: bool = False  # registered for EVENT_WRITE
+    events: int = _READ  # what the selector watches for this socket
+    last_request: float = 0.0  # monotonic
+    last_drain: float = 0.0  # monotonic: output last emptied or made progress
+    throttled_until: float = 0.0  # monotonic: requests unread until then (rate limit)
+
+    def on_ready(self, events: int) -> None:
+        """The selector saw *events* on this peer's socket."""
+        self.server._serve(self, events)
 
 
 class ReporterServer:
@@ -116,7 +76,7 @@ class ReporterServer:
 
     Without *loop* the server makes and owns a private :class:`ServerLoop`; with one, many
     servers share it and whoever drives the loop serves them all. *max_output* overrides
-    the per-viewer output cap.
+    the per-viewer cap on pushed state frames.
     """
 
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
@@ -128,7 +88,9 @@ class ReporterServer:
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, port))
-            self._listener.listen(16)
+            # A deep backlog: with a shallow one, peers that connect and linger fill it and
+            # a real viewer's SYN is dropped (then retried after 1 s, 3 s...).
+            self._listener.listen(limits.LISTEN_BACKLOG)
             self._listener.setblocking(False)
         except OSError:
             self._listener.close()
@@ -136,6 +98,7 @@ class ReporterServer:
                 self._loop.close()
             raise
         self._loop.selector.register(self._listener, selectors.EVENT_READ, self)
+        self._loop.servers.append(self)
         self.port = int(self._listener.getsockname()[1])
         self._token = token
         self._rank = rank
@@ -143,18 +106,40 @@ class ReporterServer:
         self._handler = handler
         self._max_output = max_output
         self._clients: set[_Client] = set()
-        self.dropped_frames = 0
-        self.rejected_peers = 0
+        # Insertion-ordered: the oldest handshaking peer is evicted first.
+        self._pending: dict[_Client, None] = {}
+        self._queued = 0  # bytes in every client's output, together
+        self.counters = ServerCounters()
 
     @property
     def client_count(self) -> int:
-        """Connected viewers."""
+        """Connected peers (viewers and those still in the handshake)."""
         return len(self._clients)
 
     @property
     def subscribers(self) -> int:
         """Viewers that asked for a state stream."""
         return sum(1 for c in self._clients if c.subscribed)
+
+    @property
+    def dropped_frames(self) -> int:
+        """State frames slow subscribers did not get."""
+        return self.counters.dropped_frames
+
+    @property
+    def rejected_peers(self) -> int:
+        """Peers closed for garbage, a wrong version, an oversized frame or a bad token."""
+        return self.counters.rejected_peers
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes this server holds for its peers: queued output plus partial input."""
+        return self._queued + sum(c.inbuf.pending_bytes for c in self._clients)
+
+    def fill_stats(self, stats: ReporterStats) -> None:
+        """Copy what this server dropped and refused into the rank's reporter stats."""
+        stats.clients = len(self._clients)
+        self.counters.fill(stats)
 
     def poll(self, timeout: float) -> None:
         """Serve sockets (of every server on this server's loop) for up to *timeout* seconds."""
@@ -169,9 +154,14 @@ class ReporterServer:
         if not any(c.subscribed for c in self._clients):
             return
         frame = encode_frame(message)
+        cap = self._max_output if self._max_output is not None else limits.MAX_CLIENT_OUTPUT
         for client in list(self._clients):
             if client.subscribed and client.authed:
-                self._send(client, frame, droppable=True)
+                if (len(client.out) + len(frame) > cap
+                        or self._queued + len(frame) > limits.MAX_TOTAL_OUTPUT):
+                    self.counters.dropped_frames += 1
+                    continue
+                self._queue(client, frame)
 
     def close(self) -> None:
         """Close this server's sockets (and its loop, if it made it)."""
@@ -179,41 +169,95 @@ class ReporterServer:
             self._drop(client, None)
         self._loop.unregister(self._listener)
         self._listener.close()
+        if self in self._loop.servers:
+            self._loop.servers.remove(self)
         if self._owns_loop:
             self._loop.close()
 
-    # ---------------------------------------------------------------- internals
+    # ---------------------------------------------------------------- connections
 
     def _accept(self) -> None:
-        try:
-            sock, addr = self._listener.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
-        if len(self._clients) >= MAX_CLIENTS:
-            sock.close()
-            self.rejected_peers += 1
-            return
+        for _ in range(limits.ACCEPTS_PER_WAKE):  # drain the backlog, boundedly
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # out of descriptors: refuse, never raise into the loop
+                log.warning("ddptop rank %s: accept failed: %s", self._rank, exc)
+                return
+            self._admit_new(sock, addr)
+
+    def _admit_new(self, sock: socket.socket, addr: tuple[str, int]) -> None:
+        if len(self._pending) >= limits.MAX_PENDING:
+            # Handshaking peers have their own small pool, oldest out first: silent
+            # sockets cannot keep a newcomer (a real viewer finishes in milliseconds) out.
+            oldest = next(iter(self._pending))
+            self.counters.evicted_peers += 1
+            self._drop(oldest, "evicted: too many connections in the handshake")
+        self.adopt(sock, f"{addr[0]}:{addr[1]}")
+
+    def adopt(self, sock: socket.socket, addr: str) -> None:
+        """Serve an already connected peer socket as if it had just been accepted."""
         sock.setblocking(False)
-        client = _Client(server=self, sock=sock, addr=f"{addr[0]}:{addr[1]}")
+        now = time.monotonic()
+        client = _Client(server=self, sock=sock, addr=addr, created=now,
+                         bucket=TokenBucket(limits.REQUEST_RATE, limits.REQUEST_BURST, now),
+                         last_request=now, last_drain=now)
         self._clients.add(client)
-        self._loop.selector.register(sock, selectors.EVENT_READ, client)
+        self._pending[client] = None
+        self._loop.selector.register(sock, _READ, client)
         hello = Hello(protocol=PROTOCOL_VERSION, role="rank", rank=self._rank, job_id=self._job_id)
         if self._token:
             client.nonce = auth.new_nonce()
             hello.nonce, hello.auth_required = client.nonce, True
         else:
             client.authed = True
-        self._send(client, header_bytes() + encode_frame(hello), droppable=False)
+        self._queue(client, header_bytes() + encode_frame(hello))
+
+    def _admit(self, client: _Client) -> None:
+        """The handshake is complete: move *client* from the pending pool to the viewers."""
+        self._pending.pop(client, None)
+        client.admitted = True
+        viewers = [c for c in self._clients if c.admitted and c is not client]
+        if len(viewers) >= limits.MAX_CLIENTS:
+            # Never lock a real viewer out: make room by closing the viewer that has been
+            # quiet the longest, preferring one that is not subscribed and reading.
+            quietest = min(viewers, key=lambda c: (c.subscribed and not c.out, c.last_request))
+            self.counters.evicted_peers += 1
+            self._drop(quietest, "evicted: too many viewers")
+
+    def sweep(self, now: float) -> None:
+        """Close peers that overstay a time limit; resume peers whose throttle expired."""
+        for client in list(self._clients):
+            reason = ""
+            if not client.admitted and now - client.created > limits.HANDSHAKE_TIMEOUT_S:
+                reason = "handshake not completed in time"
+            elif client.out and now - client.last_drain > limits.STALL_TIMEOUT_S:
+                reason = "not reading its output"
+            elif not client.subscribed and now - client.last_request > limits.IDLE_TIMEOUT_S:
+                reason = "idle"
+            if reason:
+                self.counters.timed_out_peers += 1
+                self._drop(client, reason)
+            elif client.throttled_until and now >= client.throttled_until:
+                client.throttled_until = 0.0
+                self._update_events(client)
+
+    # ---------------------------------------------------------------- input
+
+    def on_ready(self, events: int) -> None:
+        """The listener is readable: accept a peer."""
+        self._accept()
 
     def _serve(self, client: _Client, events: int) -> None:
-        if events & selectors.EVENT_READ:
+        if events & _READ and not client.throttled_until:
             self._read(client)
-        if events & selectors.EVENT_WRITE and client in self._clients:
+        if events & _WRITE and client in self._clients:
             self._flush(client)
 
     def _read(self, client: _Client) -> None:
         try:
-            data = client.sock.recv(65536)
+            data = client.sock.recv(limits.RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -225,58 +269,89 @@ class ReporterServer:
         try:
             messages = client.inbuf.feed(data)
         except ProtocolError as exc:
-            self.rejected_peers += 1
+            self.counters.rejected_peers += 1
             self._drop(client, str(exc))
             return
+        if not client.admitted and client.authed and client.inbuf.header_seen:
+            self._admit(client)  # no token: the header completes the handshake
+        now = time.monotonic()
         for message in messages:
             if client not in self._clients:
                 return
-            self._dispatch(client, message)
+            if client.throttled_until:
+                self.counters.rate_limited += 1  # the rest of a flood: refused unanswered
+            else:
+                self._dispatch(client, message, now)
+        if client in self._clients:
+            self._update_events(client)
 
-    def _dispatch(self, client: _Client, message: Message) -> None:
+    def _dispatch(self, client: _Client, message: Message, now: float) -> None:
         if not client.authed:
             if isinstance(message, AuthProof) and self._token and auth.verify(
                 self._token, client.nonce, message.mac
             ):
                 client.authed = True
-                self._send(client, encode_frame(AuthResult(ok=True)), droppable=False)
+                self._queue(client, encode_frame(AuthResult(ok=True)))
+                if client.inbuf.header_seen:
+                    self._admit(client)
                 return
-            self.rejected_peers += 1
-            self._send(client, encode_frame(AuthResult(ok=False, reason="bad token")), droppable=False)
+            self.counters.rejected_peers += 1
+            self._queue(client, encode_frame(AuthResult(ok=False, reason="bad token")))
             self._flush(client)
             self._drop(client, "authentication failed")
+            return
+        ident = getattr(message, "id", 0)
+        client.last_request = now
+        if not client.bucket.take(now):
+            # Over the rate: one refusal tells a real viewer why; the peer's requests then
+            # go unread for one refill period, so TCP pushes back on a flood.
+            self.counters.rate_limited += 1
+            client.throttled_until = now + 1.0 / limits.REQUEST_RATE
+            self._reply(client, ErrorMsg(reason="rate limited: too many requests", id=ident))
             return
         if not isinstance(message, Request) or message.command not in COMMANDS:
             what = message.command if isinstance(message, Request) else type(message).__name__
             # The request's id lets a viewer match the refusal to what it asked.
-            self._send(client, encode_frame(ErrorMsg(reason=f"unsupported request {what!r}",
-                                                     id=getattr(message, "id", 0))), droppable=False)
+            self._reply(client, ErrorMsg(reason=f"unsupported request {what!r}", id=ident))
             return
         if message.command == "subscribe":
             client.subscribed = True
         elif message.command == "unsubscribe":
             client.subscribed = False
             return
+        if len(client.out) >= limits.MAX_REPLY_OUTPUT:
+            self.counters.dropped_replies += 1  # not even worth computing
+            return
         try:
             reply = self._handler(message)
         except Exception as exc:  # a failing request must not kill the server
             log.warning("ddptop: request %s failed: %s", message.command, exc)
             reply = ErrorMsg(reason=f"{message.command} failed: {exc}", id=message.id)
+        self._reply(client, reply)
+
+    # ---------------------------------------------------------------- output
+
+    def _reply(self, client: _Client, reply: Message) -> None:
+        """Queue an answer unless the peer's unread output (or everyone's) is over its cap."""
         try:
             frame = encode_frame(reply)
         except ProtocolError as exc:
-            frame = encode_frame(ErrorMsg(reason=str(exc), id=message.id))
-        self._send(client, frame, droppable=False)
-
-    def _send(self, client: _Client, frame: bytes, droppable: bool) -> None:
-        cap = self._max_output if self._max_output is not None else MAX_CLIENT_OUTPUT
-        if droppable and len(client.out) + len(frame) > cap:
-            self.dropped_frames += 1
+            frame = encode_frame(ErrorMsg(reason=str(exc), id=getattr(reply, "id", 0)))
+        if (len(client.out) >= limits.MAX_REPLY_OUTPUT
+                or self._queued + len(frame) > limits.MAX_TOTAL_OUTPUT):
+            self.counters.dropped_replies += 1
             return
+        self._queue(client, frame)
+
+    def _queue(self, client: _Client, frame: bytes) -> None:
+        if not client.out:
+            client.last_drain = time.monotonic()
         client.out += frame
+        self._queued += len(frame)
         self._flush(client)
 
     def _flush(self, client: _Client) -> None:
+        sent_any = False
         while client.out:
             try:
                 sent = client.sock.send(client.out)
@@ -286,19 +361,41 @@ class ReporterServer:
                 self._drop(client, f"write error: {exc}")
                 return
             del client.out[:sent]
-        want = bool(client.out)
-        if want == client.writing:
+            self._queued -= sent
+            sent_any = sent_any or sent > 0
+        if sent_any:
+            client.last_drain = time.monotonic()
+        self._update_events(client)
+
+    def _update_events(self, client: _Client) -> None:
+        """Watch for writes while output is queued; stop reading while it is over the mark."""
+        paused = len(client.out) > limits.PAUSE_READ_BYTES or bool(client.throttled_until)
+        events = (0 if paused else _READ) | (_WRITE if client.out else 0)
+        if events == client.events:
             return  # saves an epoll_ctl per frame: the common case, thousands of frames/s in synthetic
-        client.writing = want
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+        if events & _READ == 0 and client.events & _READ and not client.throttled_until:
+            self.counters.read_pauses += 1
+        client.events = events
         try:
-            self._loop.selector.modify(client.sock, events, client)
+            if events:
+                self._loop.selector.modify(client.sock, events, client)
+            else:
+                self._loop.unregister(client.sock)
         except (KeyError, ValueError):
-            pass
+            if events:  # unregistered while idle-throttled: watch it again
+                try:
+                    self._loop.selector.register(client.sock, events, client)
+                except (KeyError, ValueError, OSError):
+                    pass
 
     def _drop(self, client: _Client, reason: str | None) -> None:
         if reason:
             log.warning("ddptop rank %s: dropped viewer %s: %s", self._rank, client.addr, reason)
+        if client not in self._clients:
+            return
         self._clients.discard(client)
+        self._pending.pop(client, None)
+        self._queued -= len(client.out)
+        client.out.clear()
         self._loop.unregister(client.sock)
         client.sock.close()
