@@ -8,6 +8,8 @@ the dashboard headless on each, and saves::
     screenshots/stacks.svg    `s` on the desynced job: stacks grouped across ranks
     screenshots/detail.svg    Enter on the odd rank
     screenshots/replay.svg    a bundle of the desynced job replayed (if bundles exist)
+    screenshots/postmortem.svg  `ddptop replay JOB` of a job that died: one rank skipped a
+                              collective, a victim aborted, torchrun tore the rest down
 
 Run from the repository root: ``.venv/bin/python screenshots/generate.py``. Every job runs
 in its own process group in a private runtime dir and is killed on the way out; every
@@ -121,8 +123,18 @@ async def replay(path: Path) -> None:
         save(app, "replay", "ddptop replay: the exported bundle")
 
 
+async def postmortem(job_id: str) -> None:
+    """postmortem.svg: the black box of a dead job, replayed at its end (root cause first)."""
+    from ddptop.bundle.replay_source import ReplaySource
+
+    app = DdptopApp(ReplaySource(resolve(job_id).record or Path(job_id)))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(1.5)
+        save(app, "postmortem", f"ddptop replay {job_id}: the record of a job that died")
+
+
 def main() -> int:
-    """Run both jobs one after the other; always kill them."""
+    """Run the jobs one after the other; always kill them."""
     rt = Path(tempfile.mkdtemp(prefix="ddptop-shots-"))
     rt.chmod(0o700)
     os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
@@ -145,6 +157,12 @@ def main() -> int:
         stop_job(proc)
     if have_bundle:
         asyncio.run(replay(bundle))
+    job_id, proc = start_job(PROBES / "skipped_collective.py", 120, rt / "skipped.log")
+    try:
+        proc.wait(timeout=180)  # it dies by itself: the point is what it leaves behind
+    finally:
+        stop_job(proc)
+    asyncio.run(postmortem(job_id))
     return 0
 
 
