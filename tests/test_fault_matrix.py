@@ -93,9 +93,13 @@ def viewer_killed_mid_frame(runner: JobRunner, tmp: Path) -> None:
     raw.sendall(header_bytes() + encode_frame(Request(command="history", id=1)))
     assert len(raw.recv(HEADER.size + 4)) > 0
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not rec.exists() or rec.stat().st_size < 4096):
-        time.sleep(0.2)
+    # Wait (bounded) until the viewer has recorded progress of both ranks: a size threshold
+    # is met by the first history frames alone, while every state is still at step 0.
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (rec.exists() and rec.stat().st_size
+                                                and len(progress := recorded_states(job, str(rec))) == 2
+                                                and min(progress.values()) > 0):
+        time.sleep(0.5)
     before = steps(job.snapshot())
     recorder.kill()  # SIGKILL, at whatever point of whatever frame it was
     raw.close()  # RST in the middle of the history frame
@@ -200,7 +204,7 @@ def record_disk_full(runner: JobRunner, tmp: Path) -> None:
         job = runner.start("healthy", nproc=2, interval=0.05,
                            env={"PROBE_SECONDS": "25", "DDPTOP_RECORD_DIR": str(mnt)})
         job.wait_ranks(2)
-        job.wait_log(r"recording failed", timeout=90)  # the disk filled up under the recorder
+        job.wait_log(r"recording failed|no recording", timeout=120)  # the disk filled up under the recorder
         before = steps(job.snapshot())
         goes_on(job, before)
         assert job.wait(timeout=90) == 0  # the job ends as it would have, record or not

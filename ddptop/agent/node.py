@@ -179,7 +179,7 @@ class NodeAgent:
             self.record.record_errors += 1
             if self.record.record_errors == 1:  # once: a full disk fails every second after
                 self.record.record_note = f"recording failed: {exc}"
-                log.warning("ddptop agent: %s (what was recorded stays readable)", exc)
+                log.warning("ddptop agent: recording failed: %s (what was recorded stays readable)", exc)
 
     def _on_exit(self, gone: ProcessExit) -> None:
         endpoint = self._known.get(gone.key)
