@@ -1,0 +1,124 @@
+"""Stacks from outside, on real jobs: a rank that stops answering is named, with where it is stuck.
+
+Two silent ranks — one wedged in C code holding the GIL (probes/rank_dies.py, PROBE_DEATH=
+wedge_gil, released through a FIFO), one SIGSTOPped — must be named ``rank_unresponsive`` by
+``ddptop doctor --json JOB`` within 5 s of going silent, with the wedged frame (``wedge()``
+at the probe's blocking line) or "stopped". Each runs with py-spy switched off
+(``DDPTOP_PYSPY=0``: the agent falls back to faulthandler's signal, then /proc) and with
+py-spy on (skipped, with py-spy's own words, where it cannot attach here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddptop.agent.outside import pyspy_path
+from tests.jobs import PROBES, JobRunner, RunningJob
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = 0.25
+LIMIT_S = 5.0  # from going silent to the finding
+WEDGE_LINE = next(i for i, line in enumerate((PROBES / "rank_dies.py").read_text().splitlines(), 1)
+                  if "libc.read(fd" in line)
+
+
+def pyspy_env(use_pyspy: bool) -> dict[str, str]:
+    """DDPTOP_PYSPY for the job; skips (with py-spy's own words) where py-spy cannot attach."""
+    if not use_pyspy:
+        return {"DDPTOP_PYSPY": "0"}
+    exe = pyspy_path()
+    if exe is None:
+        pytest.skip("py-spy is not installed (pip install 'ddptop[pyspy]')")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        res = subprocess.run([exe, "dump", "--pid", str(child.pid), "--nonblocking"], capture_output=True,
+                             text=True, timeout=20, check=False)
+        if res.returncode != 0 or "<module>" not in res.stdout:
+            deadline = time.monotonic() + 5  # the interpreter may not have been up yet: once more
+            while time.monotonic() < deadline and res.returncode != 0:
+                time.sleep(0.2)
+                res = subprocess.run([exe, "dump", "--pid", str(child.pid), "--nonblocking"],
+                                     capture_output=True, text=True, timeout=20, check=False)
+        if res.returncode != 0:
+            pytest.skip(f"py-spy cannot attach here: {(res.stderr or res.stdout).strip()[:300]}")
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    return {"DDPTOP_PYSPY": exe}
+
+
+def wait_unresponsive(job: RunningJob, rank: int, silent_at: float,
+                      timeout: float = 30.0) -> tuple[dict[str, Any], float]:
+    """Poll `ddptop doctor --json` until it names *rank* unresponsive; the finding and the
+    seconds from *silent_at* (wall clock) to the doctor's answer."""
+    out = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = job.run_cli("doctor", "--json", "--watch", "1", job.job_id).stdout
+        found = [f for f in (json.loads(out)["findings"] if out.strip() else [])
+                 if f["kind"] == "rank_unresponsive"]
+        if found:
+            took = time.time() - silent_at
+            assert [f["ranks"] for f in found] == [[rank]], found
+            print(f"rank_unresponsive after {took:.2f} s: {found[0]['title']}")
+            return found[0], took
+    raise AssertionError(f"no rank_unresponsive within {timeout} s; last doctor output: {out[:3000]}")
+
+
+@pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
+def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner, tmp_path: Path) -> None:
+    env = pyspy_env(use_pyspy)
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    job = job_runner.start("rank_dies", nproc=2, interval=INTERVAL,
+                           env={"PROBE_DEATH": "wedge_gil", "PROBE_DIE_RANK": "1", "PROBE_DIE_AT_STEP": "10",
+                                "PROBE_WEDGE_FIFO": str(fifo), **env})
+    silent_at = float(job.wait_log(r"rank 1: step \d+: wedged in C holding the GIL at t=([\d.]+)").group(1))
+    try:
+        finding, took = wait_unresponsive(job, 1, silent_at)
+    finally:
+        fd = os.open(fifo, os.O_RDWR)  # release the wedge whatever happened
+        os.write(fd, b"x")
+        os.close(fd)
+    if use_pyspy:  # py-spy also says who holds the GIL, and the C frame under the Python one
+        assert f"wedge() holding the GIL (rank_dies.py:{WEDGE_LINE}), in C at " in finding["title"], finding
+    else:
+        assert f"main thread in wedge() (rank_dies.py:{WEDGE_LINE})" in finding["title"], finding
+    assert ("via py-spy" if use_pyspy else "via faulthandler") in finding["evidence"][0], finding
+    assert took <= LIMIT_S, f"named after {took:.2f} s"
+    job.wait_log(r"rank 1: step \d+: unwedged", timeout=60)
+    stuck = job.runtime_dir / f"{job.job_id}.1.stuck"
+    deadline = time.monotonic() + 30  # answering again removes the report
+    while stuck.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not stuck.exists()
+
+
+@pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
+def test_stopped_rank_named_stopped(use_pyspy: bool, job_runner: JobRunner) -> None:
+    env = pyspy_env(use_pyspy)
+    job = job_runner.start("healthy", nproc=2, interval=INTERVAL, env={"PROBE_SECONDS": "90", **env})
+    snap = job.wait_ranks(2)
+    pid = next(r["pid"] for r in snap["ranks"] if r["rank"] == 1)
+    silent_at = time.time()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        finding, took = wait_unresponsive(job, 1, silent_at)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert finding["title"].startswith("rank 1 is stopped (SIGSTOP): state T"), finding
+    if use_pyspy:  # py-spy reads a stopped process's Python stack too
+        assert "main thread in" in finding["title"] and "via py-spy" in finding["evidence"][0], finding
+    else:
+        assert "via proc" in finding["evidence"][0], finding
+    assert took <= LIMIT_S, f"named after {took:.2f} s"
