@@ -75,6 +75,46 @@ def wait_unresponsive(job: RunningJob, rank: int, silent_at: float,
     raise AssertionError(f"no rank_unresponsive within {timeout} s; last doctor output: {out[:3000]}")
 
 
+def asked_for_stacks(job: RunningJob, rank: int) -> list[Any]:
+    """[source, innermost function, line] of *rank*'s main thread as the stacks key gets it."""
+    code = ("import json, sys\n"
+            "from ddptop import auth\n"
+            "from ddptop.client.live import LiveSource\n"
+            "from ddptop.client.targets import resolve\n"
+            "src = LiveSource(resolve(sys.argv[1]), token=auth.load_token())\n"
+            "src.start(lambda event: None)\n"
+            "try:\n"
+            "    got = src.request_stacks([int(sys.argv[2])], timeout=2.0)\n"
+            "finally:\n"
+            "    src.stop()\n"
+            "msg = got.stacks.get(int(sys.argv[2]))\n"
+            "f = msg.threads[0].frames[-1] if msg else None\n"
+            "print(json.dumps([msg.source, f.function, f.line] if msg else got.errors))\n")
+    res = subprocess.run([sys.executable, "-c", code, job.job_id, str(rank)], env=job.env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    return list(json.loads(res.stdout))
+
+
+def recorded_outside_stacks(job: RunningJob, rank: int) -> list[list[Any]]:
+    """[source, innermost function, line] of every outside read of *rank* in the job's black box."""
+    code = ("import json, sys\n"
+            "from ddptop.bundle.record_dir import read_recording\n"
+            "from ddptop.protocol import RecordEntry, StacksMsg\n"
+            "out = []\n"
+            "for e in read_recording(sys.argv[1]).events:\n"
+            "    m = getattr(e, 'message', None)\n"
+            "    if (isinstance(e, RecordEntry) and e.rank == int(sys.argv[2]) and isinstance(m, StacksMsg)\n"
+            "            and m.source and m.stuck is not None and m.stuck.frames):\n"
+            "        out.append([m.source, m.stuck.frames[-1].function, m.stuck.frames[-1].line])\n"
+            "print(json.dumps(out))\n")
+    record = job.runtime_dir / "jobs" / job.job_id
+    res = subprocess.run([sys.executable, "-c", code, str(record), str(rank)], env=job.env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    return list(json.loads(res.stdout))
+
+
 @pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
 def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner, tmp_path: Path) -> None:
     env = pyspy_env(use_pyspy)
@@ -86,6 +126,7 @@ def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner
     silent_at = float(job.wait_log(r"rank 1: step \d+: wedged in C holding the GIL at t=([\d.]+)").group(1))
     try:
         finding, took = wait_unresponsive(job, 1, silent_at)
+        asked = asked_for_stacks(job, 1)
     finally:
         fd = os.open(fifo, os.O_RDWR)  # release the wedge whatever happened
         os.write(fd, b"x")
@@ -96,6 +137,11 @@ def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner
         assert f"main thread in wedge() (rank_dies.py:{WEDGE_LINE})" in finding["title"], finding
     assert ("via py-spy" if use_pyspy else "via faulthandler") in finding["evidence"][0], finding
     assert took <= LIMIT_S, f"named after {took:.2f} s"
+    # The stacks key (LiveSource.request_stacks) gets the outside read for the rank that
+    # cannot answer, and the black box recorded it.
+    source = "py-spy" if use_pyspy else "faulthandler"
+    assert asked == [source, "wedge", WEDGE_LINE], asked
+    assert [source, "wedge", WEDGE_LINE] in recorded_outside_stacks(job, 1)
     job.wait_log(r"rank 1: step \d+: unwedged", timeout=60)
     stuck = job.runtime_dir / f"{job.job_id}.1.stuck"
     deadline = time.monotonic() + 30  # answering again removes the report

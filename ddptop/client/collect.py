@@ -99,14 +99,22 @@ def stuck_entries(target: JobTarget) -> list[RecordEntry]:
     """
     out: list[RecordEntry] = []
     for endpoint in target.endpoints:
-        report = read_stuck(endpoint.job_id, endpoint.rank)
-        if report is None or report.pid != endpoint.pid or not discovery.pid_alive(report.pid):
-            continue
-        frames: list[FrameStack] = list(report.frames)
-        main = ThreadStack(thread_id=report.pid, name="MainThread", frames=frames, is_main=True)
-        out.append(RecordEntry(time=report.time, rank=endpoint.rank, message=StacksMsg(
-            rank=endpoint.rank, time=report.time, threads=[main], source=report.source, stuck=report)))
+        msg = stuck_stacks(endpoint)
+        if msg is not None:
+            out.append(RecordEntry(time=msg.time, rank=endpoint.rank, message=msg))
     return out
+
+
+def stuck_stacks(endpoint: Endpoint) -> StacksMsg | None:
+    """The main thread's stack of a silent rank as the node agent read it from outside
+    (``source`` says how), if it left a report for the rank's current, living process."""
+    report = read_stuck(endpoint.job_id, endpoint.rank)
+    if report is None or report.pid != endpoint.pid or not discovery.pid_alive(report.pid):
+        return None
+    frames: list[FrameStack] = list(report.frames)
+    main = ThreadStack(thread_id=report.pid, name="MainThread", frames=frames, is_main=True)
+    return StacksMsg(rank=endpoint.rank, time=report.time, threads=[main], source=report.source,
+                     stuck=report)
 
 
 def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 5.0) -> JobSnapshot:

@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from ddptop import auth
-from ddptop.client.collect import last_words
+from ddptop.client.collect import last_words, stuck_stacks
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import ProtocolError
@@ -128,6 +128,12 @@ class LiveSource:
         for r, m in replies.items():
             if not isinstance(m, StacksMsg):
                 errors[r] = getattr(m, "reason", "unexpected reply")
+        for r in list(errors):  # a rank that cannot answer: what the node agent read from outside
+            peer = self._peers.get(r)
+            outside = stuck_stacks(peer.endpoint) if peer is not None and self._read_remains else None
+            if outside is not None:
+                stacks[r] = outside
+                del errors[r]
         return StacksResult(stacks, errors)
 
     def request_fr_traces(self, ranks: Sequence[int] | None = None,
