@@ -115,6 +115,34 @@ def recorded_outside_stacks(job: RunningJob, rank: int) -> list[list[Any]]:
     return list(json.loads(res.stdout))
 
 
+def live_view_stuck(job: RunningJob, rank: int) -> str:
+    """The proc state of *rank*'s stuck report as a live viewer's model gets it (the
+    dashboard's path: LiveSource -> JobModel), bounded at 20 s; "" if it never came."""
+    code = ("import sys, threading, time\n"
+            "from ddptop import auth\n"
+            "from ddptop.client.live import LiveSource\n"
+            "from ddptop.client.targets import resolve\n"
+            "from ddptop.model.job import JobModel\n"
+            "model, lock = JobModel(), threading.Lock()\n"
+            "def emit(event):\n"
+            "    with lock:\n"
+            "        model.apply(event)\n"
+            "src = LiveSource(resolve(sys.argv[1]), token=auth.load_token())\n"
+            "src.start(emit)\n"
+            "end, got = time.monotonic() + 20, ''\n"
+            "while not got and time.monotonic() < end:\n"
+            "    time.sleep(0.2)\n"
+            "    with lock:\n"
+            "        view = model.ranks.get(int(sys.argv[2]))\n"
+            "        got = view.stuck.proc_state if view is not None and view.stuck else ''\n"
+            "src.stop()\n"
+            "print(got)\n")
+    res = subprocess.run([sys.executable, "-c", code, job.job_id, str(rank)], env=job.env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
 @pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
 def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner, tmp_path: Path) -> None:
     env = pyspy_env(use_pyspy)
@@ -160,8 +188,10 @@ def test_stopped_rank_named_stopped(use_pyspy: bool, job_runner: JobRunner) -> N
     os.kill(pid, signal.SIGSTOP)
     try:
         finding, took = wait_unresponsive(job, 1, silent_at)
+        live = live_view_stuck(job, 1)
     finally:
         os.kill(pid, signal.SIGCONT)
+    assert live.startswith("T"), live
     assert finding["title"].startswith("rank 1 is stopped (SIGSTOP): state T"), finding
     if use_pyspy:  # py-spy reads a stopped process's Python stack too
         assert "main thread in" in finding["title"] and "via py-spy" in finding["evidence"][0], finding
