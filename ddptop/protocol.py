@@ -151,6 +151,29 @@ class WorkerCrash(msgspec.Struct, gc=False, kw_only=True):
     crash_file: str = ""  # base name of its crash file on the rank's host
 
 
+class StuckReport(msgspec.Struct, gc=False, kw_only=True):
+    """Where a rank that stopped answering is stuck, read from outside by the node agent.
+
+    Written to ``<job>.<rank>.stuck`` and recorded in the black box (inside a
+    :class:`StacksMsg` whose ``source`` is not empty); viewers fill ``RankState.stuck``.
+    """
+
+    rank: int
+    pid: int
+    time: float  # wall clock of the capture
+    since: float  # wall clock of the rank's last state: silent since then
+    source: str  # how it was obtained: "py-spy", "faulthandler" or "proc"
+    proc_state: str = ""  # /proc/PID/status State: "T (stopped)", "R (running)"...
+    wchan: str = ""  # /proc/PID/wchan: the kernel function it sleeps in
+    syscall: str = ""  # /proc/PID/syscall of the main thread ("running" or a number and args)
+    # the main thread's Python frames, innermost last
+    frames: Annotated[list[FrameStack], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    # the main thread's native frames, innermost first (py-spy --native)
+    native: Annotated[list[str], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    holds_gil: bool | None = None  # the main thread holds the GIL (py-spy), when known
+    note: str = ""  # why a better method was not used (py-spy failed, no signal handler...)
+
+
 class LoaderInfo(msgspec.Struct, gc=False, kw_only=True):
     """One DataLoader object of a rank: its length and where its current pass is.
 
@@ -229,6 +252,9 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     worker_crashes: Annotated[list[WorkerCrash], msgspec.Meta(max_length=MAX_ITEMS)] = []
     # every DataLoader this rank iterated (the fields above describe the training one)
     loaders: Annotated[list[LoaderInfo], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    # Where the rank is stuck while it does not answer, read from outside by the node agent:
+    # filled by viewers (from the agent's .stuck file or black box), never by the rank itself.
+    stuck: StuckReport | None = None
 
 
 class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):
@@ -321,6 +347,10 @@ class StacksMsg(msgspec.Struct, gc=False, tag="stacks", kw_only=True):
     time: float
     threads: Annotated[list[ThreadStack], msgspec.Meta(max_length=MAX_ITEMS)]
     id: int = 0
+    # "" when the rank answered itself; "py-spy", "faulthandler" or "proc" when the node agent
+    # read the stacks from outside a rank that did not answer (then ``stuck`` says more).
+    source: str = ""
+    stuck: StuckReport | None = None
 
 
 class FrTraceMsg(msgspec.Struct, gc=False, tag="fr_trace", kw_only=True):

@@ -8,6 +8,8 @@ so it depends on the protocol and the standard library only.
   uncaught exception and on SIGTERM;
 * ``<job>.<rank>.crash``: faulthandler's output: every thread's stack on a fatal signal
   ("Fatal Python error: Segmentation fault"), or on SIGTERM (stacks without that line);
+* ``<job>.<rank>.stuck``: written by the node agent, not the rank: where a rank that
+  stopped answering is stuck (:class:`StuckReport`, msgpack), removed when it answers again;
 * ``<job>.<rank>.w<pid>.crash``: the same for a process forked from the rank (a DataLoader
   worker), so that a worker's segfault is never read as the rank's own.
 """
@@ -21,10 +23,11 @@ from pathlib import Path
 import msgspec
 
 from ddptop import discovery
-from ddptop.protocol import RankState, WorkerCrash
+from ddptop.protocol import RankState, StuckReport, WorkerCrash
 
 MAX_CRASH_READ = 256 * 1024
 MAX_LAST_BYTES = 16 * 1024 * 1024
+MAX_STUCK_BYTES = 256 * 1024
 STACK_LINES = 24
 _WORKER_FILE = re.compile(r"\.w(\d+)\.crash$")
 # torch's words when a DataLoader worker dies under a rank (torch/utils/data/_utils/signal_handling.py
@@ -88,6 +91,18 @@ def read_last_state(job_id: str, rank: int) -> RankState | None:
     try:
         return msgspec.msgpack.decode(data, type=RankState)
     except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def read_stuck(job_id: str, rank: int) -> StuckReport | None:
+    """The node agent's report of where *rank* is stuck, if it wrote one (and it decodes)."""
+    path = discovery.record_path(job_id, rank, "stuck")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_STUCK_BYTES + 1)
+        return None if len(data) > MAX_STUCK_BYTES else msgspec.msgpack.decode(data, type=StuckReport)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 

@@ -8,6 +8,9 @@
 * watches every rank's process from outside (:class:`~ddptop.agent.exits.ExitWatcher`):
   when one ends, it records how (exit code or signal), its last words, its crash file and
   the crash files of its dead DataLoader workers, before anything is cleaned up;
+* reads a rank that stops answering from outside (:mod:`ddptop.agent.outside`: py-spy,
+  faulthandler's signal, /proc) and leaves where it is stuck in ``<job>.<rank>.stuck`` for
+  viewers on this host, and in the black box;
 * keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current, so ``ddptop jobs``,
   ``doctor``, ``replay`` and ``export`` work on the job after it is gone.
 
@@ -22,10 +25,13 @@ import socket
 import threading
 import time
 
+import msgspec
+
 from ddptop import __version__, auth, discovery, remains
 from ddptop.agent import jobrecord
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.jobrecord import JobRecord, RankOutcome
+from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
 from ddptop.bundle.format import SCHEMA_VERSION, Frame, Manifest
 from ddptop.client.live import LiveSource
@@ -33,8 +39,9 @@ from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
-from ddptop.protocol import RankExit, RankState, RecordEntry, StateMsg
+from ddptop.protocol import RankExit, RankState, RecordEntry, StacksMsg, StateMsg, StuckReport, ThreadStack
 from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
+from ddptop.status import FINAL
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,9 @@ class NodeAgent:
         self._thread: threading.Thread | None = None
         self._record_written = 0.0
         self._record_warned = False
+        self._silence = Silence()  # guarded by self._lock
+        self._stuck: set[int] = set()  # ranks with a .stuck file written (guarded by self._lock)
+        self._outside = OutsideReader(self._on_stuck)
         self.recording: JobRecording | None = None
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
@@ -107,6 +117,7 @@ class NodeAgent:
         for gone in self._exits.poll(0):
             self._on_exit(gone)
         self._live.stop()
+        self._outside.close()
         self._exits.close()
         with self._lock:
             self.record.end_time = time.time()
@@ -134,6 +145,7 @@ class NodeAgent:
                     next_scan = time.monotonic() + SCAN_S
                 for gone in self._exits.poll(SCAN_S / 2):
                     self._on_exit(gone)
+                self._read_silent_ranks()
                 if self.recording is not None:
                     try:
                         self.recording.flush_if_due()
@@ -156,6 +168,7 @@ class NodeAgent:
             new.append(endpoint)
             with self._lock:
                 self._exits.watch(endpoint.rank, endpoint.pid)
+                self._silence.forget(endpoint.rank)  # a new incarnation is judged afresh
                 self.record.world_size = max(self.record.world_size, endpoint.world_size)
                 self.record.ranks = [o for o in self.record.ranks if o.rank != endpoint.rank]
                 self.record.ranks.append(RankOutcome(rank=endpoint.rank, pid=endpoint.pid))
@@ -173,6 +186,48 @@ class NodeAgent:
         if isinstance(event, RecordEntry | RankExit):
             with self._lock:
                 self.model.apply(event)
+                if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
+                    self._heard(event.rank, event.time, event.message.state.status in FINAL)
+
+    # ------------------------------------------------------------ stacks from outside
+
+    def _heard(self, rank: int, at: float, final: bool) -> None:
+        # Under self._lock. A rank that answers again loses its .stuck file.
+        if final:
+            self._silence.forget(rank)
+        else:
+            self._silence.heard(rank, at)
+        if rank in self._stuck:
+            self._stuck.discard(rank)
+            self._outside.answered(rank)
+            discovery.record_path(self.job_id, rank, "stuck").unlink(missing_ok=True)
+
+    def _read_silent_ranks(self) -> None:
+        """Ask the outside reader (its own thread, rate-limited) about every silent rank."""
+        with self._lock:
+            silent = self._silence.silent(time.time())
+        for rank, since in silent:
+            endpoint = self._known.get(rank)
+            if endpoint is not None and discovery.pid_alive(endpoint.pid):
+                self._outside.request(rank, endpoint.pid, since,
+                                      discovery.record_path(self.job_id, rank, "crash"))
+
+    def _on_stuck(self, report: StuckReport) -> None:
+        # On the outside reader's thread: publish for viewers here, then into the black box.
+        with self._lock:
+            endpoint = self._known.get(report.rank)
+            if endpoint is None or endpoint.pid != report.pid or report.rank not in {
+                    r for r, _ in self._silence.silent(time.time())}:
+                return  # it answered (or ended) while it was being read
+            self._stuck.add(report.rank)
+            try:
+                discovery.private_write(discovery.record_path(self.job_id, report.rank, "stuck"),
+                                        msgspec.msgpack.encode(report))
+            except OSError as exc:
+                log.warning("ddptop agent: cannot write rank %d's stuck report: %s", report.rank, exc)
+        main = ThreadStack(thread_id=report.pid, name="MainThread", frames=report.frames, is_main=True)
+        self._event(RecordEntry(time=report.time, rank=report.rank, message=StacksMsg(
+            rank=report.rank, time=report.time, threads=[main], source=report.source, stuck=report)))
 
     def _record_failed(self, exc: Exception) -> None:
         with self._lock:
@@ -185,6 +240,8 @@ class NodeAgent:
         endpoint = self._known.get(gone.key)
         if endpoint is None or endpoint.pid != gone.pid:
             return  # a previous incarnation of a restarted rank
+        with self._lock:
+            self._heard(gone.key, gone.time, final=True)
         state = remains.read_last_state(self.job_id, gone.key)
         if state is not None:
             state.worker_crashes = remains.worker_crashes(self.job_id, gone.key, state)

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from ddptop import auth
 from ddptop.bundle.record_dir import load_recording_model
+from ddptop.client.collect import stuck_entries
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
@@ -122,6 +123,8 @@ def observe(target: JobTarget, watch_s: float,
     finally:
         source.stop()
     with lock:
+        for entry in stuck_entries(target):  # silent ranks of this host, read by the node agent
+            model.apply(entry)
         if not states:
             raise DdptopError(f"no rank of job {target.job_id} sent its state within "
                               f"{human_duration(watch_s)} (try a longer --watch)")

@@ -22,8 +22,8 @@ from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
-from ddptop.protocol import RankState, StateMsg
-from ddptop.remains import crash_signal
+from ddptop.protocol import FrameStack, RankState, RecordEntry, StacksMsg, StateMsg, ThreadStack
+from ddptop.remains import crash_signal, read_stuck
 from ddptop.status import Status
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,33 @@ def last_words(endpoint: Endpoint) -> RankState:
     elif state.status == Status.RUNNING:
         state.status = Status.LOST
     return state
+
+
+def stuck_entries(target: JobTarget) -> list[RecordEntry]:
+    """Where this host's silent ranks are stuck, as their node agent read it from outside.
+
+    One event per rank whose ``<job>.<rank>.stuck`` file names its current, living process:
+    folded into a model, it fills ``RankState.stuck`` unless a later state shows the rank
+    answering again. Ranks on other hosts have no file here.
+    """
+    out: list[RecordEntry] = []
+    for endpoint in target.endpoints:
+        msg = stuck_stacks(endpoint)
+        if msg is not None:
+            out.append(RecordEntry(time=msg.time, rank=endpoint.rank, message=msg))
+    return out
+
+
+def stuck_stacks(endpoint: Endpoint) -> StacksMsg | None:
+    """The main thread's stack of a silent rank as the node agent read it from outside
+    (``source`` says how), if it left a report for the rank's current, living process."""
+    report = read_stuck(endpoint.job_id, endpoint.rank)
+    if report is None or report.pid != endpoint.pid or not discovery.pid_alive(report.pid):
+        return None
+    frames: list[FrameStack] = list(report.frames)
+    main = ThreadStack(thread_id=report.pid, name="MainThread", frames=frames, is_main=True)
+    return StacksMsg(rank=endpoint.rank, time=report.time, threads=[main], source=report.source,
+                     stuck=report)
 
 
 def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 5.0) -> JobSnapshot:

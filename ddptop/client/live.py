@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from ddptop import auth
-from ddptop.client.collect import last_words
+from ddptop.client.collect import last_words, stuck_stacks
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import ProtocolError
@@ -46,6 +46,9 @@ from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 
 log = logging.getLogger(__name__)
 
+STUCK_AFTER_S = 2.0  # a peer silent this long: look for the node agent's .stuck report
+STUCK_EVERY_S = 1.0
+
 
 @dataclass(eq=False)
 class _Peer:
@@ -55,6 +58,8 @@ class _Peer:
     out: bytearray = field(default_factory=bytearray)
     ready: bool = False
     waiting: dict[int, Future[Message]] = field(default_factory=dict)
+    heard_at: float = field(default_factory=time.monotonic)  # last state (or the connect)
+    stuck_time: float = 0.0  # time of the last outside report delivered for it
 
 
 class LiveSource:
@@ -83,6 +88,7 @@ class LiveSource:
         self._queued: set[int] = set()
         self._to_connect: list[Endpoint] = []  # added after start, connected by the thread
         self._next_id = 0
+        self._stuck_check = 0.0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
 
@@ -128,6 +134,12 @@ class LiveSource:
         for r, m in replies.items():
             if not isinstance(m, StacksMsg):
                 errors[r] = getattr(m, "reason", "unexpected reply")
+        for r in list(errors):  # a rank that cannot answer: what the node agent read from outside
+            peer = self._peers.get(r)
+            outside = stuck_stacks(peer.endpoint) if peer is not None and self._read_remains else None
+            if outside is not None:
+                stacks[r] = outside
+                del errors[r]
         return StacksResult(stacks, errors)
 
     def request_fr_traces(self, ranks: Sequence[int] | None = None,
@@ -204,6 +216,8 @@ class LiveSource:
                         if peer is not None and peer.sock is not None and peer.out:
                             self._flush(peer)
                     self._queued.clear()
+            if self._read_remains and time.monotonic() >= self._stuck_check:
+                self._deliver_stuck()
             for key, events in self._sel.select(0.5):
                 if key.data is None:
                     try:
@@ -217,6 +231,19 @@ class LiveSource:
                         self._flush(peer)
                 if events & selectors.EVENT_READ and peer.sock is not None:
                     self._read(peer)
+
+    def _deliver_stuck(self) -> None:
+        """Where silent ranks of this host are stuck, as their node agent read it from outside
+        (a file per rank): only peers silent for STUCK_AFTER_S are looked at, each report once."""
+        now = time.monotonic()
+        self._stuck_check = now + STUCK_EVERY_S
+        for peer in list(self._peers.values()):
+            if peer.sock is None or now - peer.heard_at < STUCK_AFTER_S:
+                continue
+            msg = stuck_stacks(peer.endpoint)
+            if msg is not None and msg.time > peer.stuck_time:
+                peer.stuck_time = msg.time
+                self._deliver(RecordEntry(time=msg.time, rank=peer.endpoint.rank, message=msg))
 
     def _flush(self, peer: _Peer) -> None:
         assert peer.sock is not None
@@ -276,6 +303,8 @@ class LiveSource:
         fut = peer.waiting.pop(ident, None) if ident else None
         if fut is not None:
             fut.set_result(message)
+        if isinstance(message, StateMsg):
+            peer.heard_at = time.monotonic()
         if isinstance(message, StateMsg | HistoryMsg | StacksMsg | FrTraceMsg | ErrorMsg):
             self._deliver(RecordEntry(time=now, rank=rank, message=message))
 

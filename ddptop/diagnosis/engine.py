@@ -5,7 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ddptop.diagnosis import rules_collectives, rules_identity, rules_postmortem, rules_progress, rules_system
+from ddptop.diagnosis import (
+    rules_collectives,
+    rules_identity,
+    rules_postmortem,
+    rules_progress,
+    rules_system,
+    rules_unresponsive,
+)
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
 from ddptop.model.snapshot import JobSnapshot
@@ -22,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     rules_collectives.collective_mismatch,
     rules_postmortem.collective_divergence,
     rules_postmortem.rank_lost,
+    rules_unresponsive.rank_unresponsive,
     rules_progress.unequal_batches,
     rules_identity.param_mismatch,
     rules_collectives.collective_stall,

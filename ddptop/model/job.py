@@ -26,6 +26,7 @@ from ddptop.protocol import (
     Sample,
     StacksMsg,
     StateMsg,
+    StuckReport,
 )
 from ddptop.status import FINAL, Status
 
@@ -50,6 +51,15 @@ class RankView:
     fr_trace: FrTraceMsg | None = None
     exit: RankExit | None = None  # how the process ended, from the node agent
     lost_at: float | None = None  # when the connection was lost (no exit known)
+    stuck: StuckReport | None = None  # where it is stuck, read from outside by the node agent
+
+    def current_stuck(self) -> StuckReport | None:
+        """The stuck report, unless a state arrived after it (the rank answers again)."""
+        if self.stuck is None or self.ending() is not None:
+            return None
+        if self.state is not None and self.state.time > self.stuck.time:
+            return None
+        return self.stuck
 
     def ending(self) -> Ending | None:
         """How this rank ended, before job context (None while it runs)."""
@@ -123,7 +133,10 @@ class JobModel:
             merged.update({s.time: s for s in message.samples})
             view.history = deque(sorted(merged.values(), key=lambda s: s.time), maxlen=HISTORY_LEN)
         elif isinstance(message, StacksMsg):
-            self.view(message.rank).stacks = message
+            view = self.view(message.rank)
+            view.stacks = message
+            if message.stuck is not None:
+                view.stuck = message.stuck
             self._touch(at if at is not None else message.time)
         elif isinstance(message, FrTraceMsg):
             self.view(message.rank).fr_trace = message
@@ -158,6 +171,14 @@ class JobModel:
         statuses = self.statuses(now)
         for rank, view in sorted(self.ranks.items()):
             status = statuses[rank]
+            stuck = view.current_stuck()
+            if view.state is None and stuck is not None:
+                # Never heard from by this viewer, but the node agent read it from outside.
+                unreachable[rank] = view.connection_reason or "no state received"
+                states.append(RankState(rank=rank, local_rank=-1, world_size=self.world_size, host="",
+                                        pid=stuck.pid, job_id=self.job_id, status=Status.STALE,
+                                        time=stuck.since, stuck=stuck))
+                continue
             if view.state is None:
                 if view.exit is None:
                     unreachable[rank] = view.connection_reason or "no state received"
@@ -171,6 +192,8 @@ class JobModel:
             fields = exit_fields(view.exit)
             if status != view.state.status:
                 fields["status"] = status
+            if stuck is not None:
+                fields["stuck"] = stuck
             if status == LOST and view.connection_reason:
                 unreachable[rank] = view.connection_reason  # its last state is shown, and why it stopped
             states.append(msgspec.structs.replace(view.state, **fields) if fields else view.state)
