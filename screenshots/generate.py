@@ -134,11 +134,27 @@ async def postmortem(job_id: str) -> None:
 
 
 def main() -> int:
-    """Run the jobs one after the other; always kill them."""
+    """Run the jobs one after the other; always kill them. Arguments: only these groups of
+    shots ("live": healthy, desynced, stacks, detail, replay; "postmortem"); default all."""
+    wanted = set(sys.argv[1:]) or {"live", "postmortem"}
     rt = Path(tempfile.mkdtemp(prefix="ddptop-shots-"))
     rt.chmod(0o700)
     os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
     os.environ.setdefault("PROBE_STEP_SLEEP", "0.05")
+    if "live" in wanted:
+        live_shots(rt)
+    if "postmortem" in wanted:
+        job_id, proc = start_job(PROBES / "skipped_collective.py", 120, rt / "skipped.log")
+        try:
+            proc.wait(timeout=180)  # it dies by itself: the point is what it leaves behind
+        finally:
+            stop_job(proc)
+        asyncio.run(postmortem(job_id))
+    return 0
+
+
+def live_shots(rt: Path) -> None:
+    """The shots of live jobs, and the replay of a bundle exported from one."""
     job_id, proc = start_job(PROBES / "healthy.py", 90, rt / "healthy.log")
     try:
         wait_for_ranks(job_id, proc, 120, rt / "healthy.log")
@@ -157,13 +173,6 @@ def main() -> int:
         stop_job(proc)
     if have_bundle:
         asyncio.run(replay(bundle))
-    job_id, proc = start_job(PROBES / "skipped_collective.py", 120, rt / "skipped.log")
-    try:
-        proc.wait(timeout=180)  # it dies by itself: the point is what it leaves behind
-    finally:
-        stop_job(proc)
-    asyncio.run(postmortem(job_id))
-    return 0
 
 
 if __name__ == "__main__":

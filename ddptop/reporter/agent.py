@@ -175,6 +175,8 @@ class Reporter:
             return
         for group in self.state.collectives:
             group.recent = recent.get(group.pg, [])
+            if group.recent:  # after destroy_process_group c10d is gone, FR still knows the last seq
+                group.seq = max(group.seq, group.recent[-1].seq)
 
     def _run(self) -> None:
         interval = self.config.interval_s
