@@ -97,6 +97,17 @@ def check_private_dir(path: Path) -> None:
         os.chmod(path, 0o700)
 
 
+def private_read(path: Path, limit: int) -> bytes | None:
+    """At most *limit* bytes of *path*, never through a symlink; None if unreadable or larger."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
 def private_write(path: Path, data: bytes) -> None:
     """Write *data* to *path* atomically, mode 0600, never following a symlink."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

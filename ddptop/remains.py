@@ -79,14 +79,8 @@ def current_thread_stack(text: str, limit: int = STACK_LINES) -> list[str]:
 
 def read_last_state(job_id: str, rank: int) -> RankState | None:
     """The rank's last words, if it wrote any."""
-    path = discovery.record_path(job_id, rank, "last")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_LAST_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_LAST_BYTES:
+    data = discovery.private_read(discovery.record_path(job_id, rank, "last"), MAX_LAST_BYTES)
+    if data is None:
         return None
     try:
         return msgspec.msgpack.decode(data, type=RankState)
@@ -96,13 +90,12 @@ def read_last_state(job_id: str, rank: int) -> RankState | None:
 
 def read_stuck(job_id: str, rank: int) -> StuckReport | None:
     """The node agent's report of where *rank* is stuck, if it wrote one (and it decodes)."""
-    path = discovery.record_path(job_id, rank, "stuck")
+    data = discovery.private_read(discovery.record_path(job_id, rank, "stuck"), MAX_STUCK_BYTES)
+    if data is None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_STUCK_BYTES + 1)
-        return None if len(data) > MAX_STUCK_BYTES else msgspec.msgpack.decode(data, type=StuckReport)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return msgspec.msgpack.decode(data, type=StuckReport)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 

@@ -101,13 +101,8 @@ def read_record(job_id: str) -> JobRecord | None:
 
 
 def _read(path: Path) -> JobRecord | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_RECORD_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_RECORD_BYTES:
+    data = discovery.private_read(path, MAX_RECORD_BYTES)
+    if data is None:
         return None
     try:
         return msgspec.json.decode(data, type=JobRecord)

@@ -204,19 +204,7 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
                         world_size=target.world_size, ddptop_version=__version__,
                         hosts=sorted({s.host for s in states}), unanswered=unanswered)
     report("writing", 0, 1)
-    writer = BundleWriter(path, manifest, atomic=True, flush_interval_s=3600.0)
-    try:
-        for event in events:
-            writer.write(event)
-        for facts in host_facts(states):
-            writer.write(facts)
-        for crash in crash_files:
-            writer.write(crash)
-        writer.write(findings)
-        writer.close("export")
-    except BaseException:
-        writer.abort()
-        raise
+    writer = write_bundle(path, manifest, events, host_facts(states), crash_files, findings, "export")
     report("writing", 1, 1)
     return ExportSummary(path=Path(path), job_id=target.job_id, world_size=target.world_size,
                          answered=[s.rank for s in sorted(states, key=lambda s: s.rank)],
@@ -246,25 +234,29 @@ def export_record(target: JobTarget, path: str | os.PathLike[str],
                         note=f"exported from the record of an ended job ({len(contents.events)} events)")
     findings = _findings(model, end)
     report("writing", 0, 1)
-    writer = BundleWriter(path, manifest, atomic=True, flush_interval_s=3600.0)
-    try:
-        for event in contents.events:
-            writer.write(event)
-        for facts in host_facts(states):
-            writer.write(facts)
-        for crash in contents.crash_files.values():
-            writer.write(crash)
-        writer.write(findings)
-        writer.close("export of an ended job")
-    except BaseException:
-        writer.abort()
-        raise
+    writer = write_bundle(path, manifest, contents.events, host_facts(states),
+                          list(contents.crash_files.values()), findings, "export of an ended job")
     report("writing", 1, 1)
     return ExportSummary(path=Path(path), job_id=target.job_id, world_size=world,
                          answered=sorted(s.rank for s in states), unanswered={},
                          frames=writer.frames, size_bytes=writer.bytes_written,
                          seconds=time.monotonic() - began, findings=len(findings.findings),
                          notes=["from the record of an ended job"])
+
+
+def write_bundle(path: str | os.PathLike[str], manifest: Manifest, events: list[Event],
+                 hosts: list[HostFacts], crashes: list[CrashFile], findings: FindingsRecord,
+                 reason: str) -> BundleWriter:
+    """Write a whole bundle atomically: events, host facts, crash files, findings (or nothing)."""
+    writer = BundleWriter(path, manifest, atomic=True, flush_interval_s=3600.0)
+    try:
+        for frame in [*events, *hosts, *crashes, findings]:
+            writer.write(frame)
+        writer.close(reason)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer
 
 
 def _findings(model: JobModel, now: float) -> FindingsRecord:
