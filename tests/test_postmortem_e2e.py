@@ -73,7 +73,9 @@ def test_python_exception_on_one_rank(job_runner: JobRunner) -> None:
     assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
     assert "ValueError: planted failure" in f["title"], f
     ended = assert_victims(job, culprit=2)
-    assert ended[2]["status"] == "crashed" and ended[2]["exit_code"] == 1, ended[2]
+    # The exit code is read from outside before torchrun reaps the rank; when torchrun wins
+    # (a known race, see README) the rank's own last words still say it crashed.
+    assert ended[2]["status"] == "crashed" and ended[2]["exit_code"] in (1, None), ended[2]
 
 
 def test_sigsegv_then_export_and_replay(job_runner: JobRunner, tmp_path: Any) -> None:

@@ -159,8 +159,9 @@ def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner
         fd = os.open(fifo, os.O_RDWR)  # release the wedge whatever happened
         os.write(fd, b"x")
         os.close(fd)
-    if use_pyspy:  # py-spy also says who holds the GIL, and the C frame under the Python one
-        assert f"wedge() holding the GIL (rank_dies.py:{WEDGE_LINE}), in C at " in finding["title"], finding
+    if use_pyspy:  # py-spy also says who holds the GIL (and, when its --native read finishes
+        # within its time bound, the C frame under the Python one: not every time under load)
+        assert f"wedge() holding the GIL (rank_dies.py:{WEDGE_LINE})" in finding["title"], finding
     else:
         assert f"main thread in wedge() (rank_dies.py:{WEDGE_LINE})" in finding["title"], finding
     assert ("via py-spy" if use_pyspy else "via faulthandler") in finding["evidence"][0], finding
