@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from ddptop import auth
+from ddptop import auth, discovery
 from ddptop.client.collect import last_words, stuck_stacks
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
@@ -46,6 +46,7 @@ from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 
 log = logging.getLogger(__name__)
 
+LAST_WORDS_WAIT_S = 3.0  # a closed rank whose process lives: how long its last words may take
 STUCK_AFTER_S = 2.0  # a peer silent this long: look for the node agent's .stuck report
 STUCK_EVERY_S = 1.0
 
@@ -87,6 +88,8 @@ class LiveSource:
         # of the ingest CPU.
         self._queued: set[int] = set()
         self._to_connect: list[Endpoint] = []  # added after start, connected by the thread
+        # Ranks whose socket closed, waiting (bounded) for their last words: rank -> (peer, why, until)
+        self._closing: dict[int, tuple[_Peer, str, float]] = {}
         self._next_id = 0
         self._stuck_check = 0.0
         self._wake_r, self._wake_w = socket.socketpair()
@@ -204,6 +207,8 @@ class LiveSource:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._closing:
+                self._settle_closing()
             if self._to_connect:
                 with self._lock:
                     new, self._to_connect = self._to_connect, []
@@ -218,7 +223,7 @@ class LiveSource:
                     self._queued.clear()
             if self._read_remains and time.monotonic() >= self._stuck_check:
                 self._deliver_stuck()
-            for key, events in self._sel.select(0.5):
+            for key, events in self._sel.select(0.1 if self._closing else 0.5):
                 if key.data is None:
                     try:
                         self._wake_r.recv(4096)
@@ -333,13 +338,29 @@ class LiveSource:
         self._close(peer, reason)
         if self._stop.is_set():
             return
-        rank, now = peer.endpoint.rank, time.time()
         if was_ready and self._read_remains:
-            # The rank may have left last words on the way out (same host only).
+            # The rank may have left last words on the way out (same host only). A rank whose
+            # socket closed while its process still lives is on its way out, not vanished: its
+            # words may come a moment later, so it is looked at again before it is called lost.
+            self._closing[peer.endpoint.rank] = (peer, reason, time.monotonic() + LAST_WORDS_WAIT_S)
+            self._settle_closing()
+            return
+        self._deliver(ConnectionEvent(time=time.time(), rank=peer.endpoint.rank, status=LOST, reason=reason))
+
+    def _settle_closing(self) -> None:
+        """Deliver the end of ranks whose connection closed: their last words as soon as they
+        are there, else "lost" once the process is gone or the wait ran out."""
+        for rank, (peer, reason, deadline) in list(self._closing.items()):
             state = last_words(peer.endpoint)
+            alive = discovery.pid_alive(peer.endpoint.pid)
+            if state.status not in FINAL and alive and time.monotonic() < deadline:
+                continue  # not yet: look again at the next turn of the loop
+            del self._closing[rank]
+            now = time.time()
             if state.status in FINAL:
                 self._deliver(RecordEntry(time=now, rank=rank, message=StateMsg(state=state)))
-        self._deliver(ConnectionEvent(time=now, rank=rank, status=LOST, reason=reason))
+            why = reason if not alive or state.status in FINAL else f"{reason}; its process still runs"
+            self._deliver(ConnectionEvent(time=now, rank=rank, status=LOST, reason=why))
 
     def _close(self, peer: _Peer, reason: str | None) -> None:
         peer.ready = False
