@@ -301,7 +301,7 @@ def test_healthy_raises_no_alarm(job_runner: JobRunner) -> None:
             break
         runs.append(run)
         bad = [f for f in run.findings if f["severity"] in ("warning", "critical")]
-        assert not bad, json.dumps(bad, indent=1) + "\n" + run.stderr[-2000:]
+        assert not bad, json.dumps(bad, indent=1) + "\n" + run.stderr[-4000:]
         time.sleep(0.2)
     assert job.wait(timeout=30) == 0, job.log()[-3000:]
     assert len(runs) >= 5, f"only {len(runs)} doctor runs over the job"

@@ -79,8 +79,11 @@ class NodeAgent:
             except (OSError, DdptopError) as exc:  # a full or read-only disk: watch without recording
                 self.record.record_note = f"no recording: {exc}"
                 log.warning("ddptop agent: %s", self.record.record_note)
+        # The agent reads a rank's last words as soon as its connection closes (a clean exit
+        # closes it while the process still finalizes, maybe for seconds): the record must never
+        # say "lost" for a rank that said goodbye. The exit itself comes later, from the pidfd.
         self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[]), token=auth.load_token(),
-                                read_remains=False)
+                                read_stuck=False)
         self._write_record()
 
     @property
@@ -178,6 +181,11 @@ class NodeAgent:
 
     def _event(self, event: Frame) -> None:
         # From the live source's thread, and from ours for exits and last words.
+        if (isinstance(event, RecordEntry) and isinstance(event.message, StateMsg)
+                and event.message.state.status in FINAL and not event.message.state.worker_crashes):
+            # Last words, whichever path brought them: with the rank's dead workers attached.
+            state = event.message.state
+            state.worker_crashes = remains.worker_crashes(self.job_id, event.rank, state)
         if self.recording is not None:
             try:
                 self.recording.write(event)
@@ -244,7 +252,6 @@ class NodeAgent:
             self._heard(gone.key, gone.time, final=True)
         state = remains.read_last_state(self.job_id, gone.key)
         if state is not None:
-            state.worker_crashes = remains.worker_crashes(self.job_id, gone.key, state)
             self._event(RecordEntry(time=gone.time, rank=gone.key, message=StateMsg(state=state)))
         self._record_crash_file(gone.key)
         exit_event = RankExit(time=gone.time, rank=gone.key, pid=gone.pid, host=endpoint.node or self.host,

@@ -8,7 +8,8 @@ record directory as ordinary recordings (the format of ``ddptop record``, see
   ``segment_s`` seconds or a fifth of the cap, and only the newest two are kept, so the
   last minutes before a crash are always there in full;
 * ``history.ddptop``: everything that is not a periodic state (connections, exits, last
-  words, crash files, histories, stacks) plus one state per rank every ``stride`` seconds.
+  words (final states), crash files, histories, stacks) plus one state per rank every
+  ``stride`` seconds.
   When it outgrows two fifths of the cap it is compacted: the stride doubles, and only the
   states on the new stride (and the newest history frame of each rank) are kept.
 
@@ -32,6 +33,7 @@ from ddptop.bundle.format import CrashFile, Frame, Manifest
 from ddptop.bundle.reader import read_file
 from ddptop.bundle.writer import BundleWriter
 from ddptop.protocol import HistoryMsg, RecordEntry, StateMsg
+from ddptop.status import FINAL
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,11 @@ class JobRecording:
             if self.closed:
                 return
             self.frames += 1
-            if isinstance(frame, RecordEntry) and isinstance(frame.message, StateMsg):
+            # Periodic states go to the recent tier (and history on its stride); last words
+            # (a final state) are not periodic: they go to history, in order with the
+            # connection loss that follows them, so a reader never sees one without the other.
+            if (isinstance(frame, RecordEntry) and isinstance(frame.message, StateMsg)
+                    and frame.message.state.status not in FINAL):
                 self._recent.write(frame)
                 if frame.time - self._kept_at.get(frame.rank, float("-inf")) >= self.stride_s:
                     self._kept_at[frame.rank] = frame.time
@@ -152,7 +158,8 @@ class JobRecording:
             if isinstance(event, RecordEntry) and isinstance(event.message, HistoryMsg):
                 last_history[event.rank] = event  # only the newest per rank survives
                 continue
-            if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
+            if (isinstance(event, RecordEntry) and isinstance(event.message, StateMsg)
+                    and event.message.state.status not in FINAL):  # last words are never thinned
                 if event.time - kept_at.get(event.rank, float("-inf")) < self.stride_s:
                     continue
                 kept_at[event.rank] = event.time

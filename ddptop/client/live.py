@@ -47,6 +47,7 @@ from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 log = logging.getLogger(__name__)
 
 LAST_WORDS_WAIT_S = 3.0  # a closed rank whose process lives: how long its last words may take
+GONE_GRACE_S = 1.0  # the same for a rank whose process is already gone
 STUCK_AFTER_S = 2.0  # a peer silent this long: look for the node agent's .stuck report
 STUCK_EVERY_S = 1.0
 
@@ -69,11 +70,14 @@ class LiveSource:
     live = True
 
     def __init__(self, target: JobTarget, token: str | None = None,
-                 connect_timeout: float = 5.0, read_remains: bool = True) -> None:
+                 connect_timeout: float = 5.0, read_remains: bool = True, read_stuck: bool = True) -> None:
         self.target = target
         # A viewer reads a dead rank's last words from the runtime directory; the node agent
         # reads them itself (with more: exit status, workers' crashes) and says no.
         self._read_remains = read_remains
+        # ... and where a silent rank is stuck, from the node agent's report (the agent itself
+        # writes those reports and says no).
+        self._read_stuck = read_stuck
         self.description = f"job {target.job_id} ({target.world_size} ranks)"
         self._token = token
         self._connect_timeout = connect_timeout
@@ -88,7 +92,7 @@ class LiveSource:
         # of the ingest CPU.
         self._queued: set[int] = set()
         self._to_connect: list[Endpoint] = []  # added after start, connected by the thread
-        # Ranks whose socket closed, waiting (bounded) for their last words: rank -> (peer, why, until)
+        # Ranks whose socket closed, waiting (bounded) for their last words: rank -> (peer, why, since)
         self._closing: dict[int, tuple[_Peer, str, float]] = {}
         self._next_id = 0
         self._stuck_check = 0.0
@@ -139,7 +143,7 @@ class LiveSource:
                 errors[r] = getattr(m, "reason", "unexpected reply")
         for r in list(errors):  # a rank that cannot answer: what the node agent read from outside
             peer = self._peers.get(r)
-            outside = stuck_stacks(peer.endpoint) if peer is not None and self._read_remains else None
+            outside = stuck_stacks(peer.endpoint) if peer is not None and self._read_stuck else None
             if outside is not None:
                 stacks[r] = outside
                 del errors[r]
@@ -221,7 +225,7 @@ class LiveSource:
                         if peer is not None and peer.sock is not None and peer.out:
                             self._flush(peer)
                     self._queued.clear()
-            if self._read_remains and time.monotonic() >= self._stuck_check:
+            if self._read_stuck and time.monotonic() >= self._stuck_check:
                 self._deliver_stuck()
             for key, events in self._sel.select(0.1 if self._closing else 0.5):
                 if key.data is None:
@@ -342,7 +346,7 @@ class LiveSource:
             # The rank may have left last words on the way out (same host only). A rank whose
             # socket closed while its process still lives is on its way out, not vanished: its
             # words may come a moment later, so it is looked at again before it is called lost.
-            self._closing[peer.endpoint.rank] = (peer, reason, time.monotonic() + LAST_WORDS_WAIT_S)
+            self._closing[peer.endpoint.rank] = (peer, reason, time.monotonic())
             self._settle_closing()
             return
         self._deliver(ConnectionEvent(time=time.time(), rank=peer.endpoint.rank, status=LOST, reason=reason))
@@ -350,16 +354,22 @@ class LiveSource:
     def _settle_closing(self) -> None:
         """Deliver the end of ranks whose connection closed: their last words as soon as they
         are there, else "lost" once the process is gone or the wait ran out."""
-        for rank, (peer, reason, deadline) in list(self._closing.items()):
+        for rank, (peer, reason, since) in list(self._closing.items()):
             state = last_words(peer.endpoint)
             alive = discovery.pid_alive(peer.endpoint.pid)
-            if state.status not in FINAL and alive and time.monotonic() < deadline:
+            waited = time.monotonic() - since
+            # A gone process gets a short grace too: its words may still be on their way to disk
+            # while the viewer already saw the socket close.
+            if state.status not in FINAL and waited < (LAST_WORDS_WAIT_S if alive else GONE_GRACE_S):
                 continue  # not yet: look again at the next turn of the loop
             del self._closing[rank]
             now = time.time()
             if state.status in FINAL:
                 self._deliver(RecordEntry(time=now, rank=rank, message=StateMsg(state=state)))
-            why = reason if not alive or state.status in FINAL else f"{reason}; its process still runs"
+                why = reason
+            else:
+                process = "still runs" if alive else "is gone"
+                why = f"{reason}; no last words after {waited:.1f} s, its process {process}"
             self._deliver(ConnectionEvent(time=now, rank=rank, status=LOST, reason=why))
 
     def _close(self, peer: _Peer, reason: str | None) -> None:
