@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEWER = ("textual", "rich", "ddptop.tui", "ddptop.cli", "ddptop.client", "ddptop.model",
-          "ddptop.diagnosis", "ddptop.bundle")
+          "ddptop.diagnosis", "ddptop.bundle", "prometheus_client")
 
 
 def _modules_after(code: str) -> set[str]:
@@ -91,3 +91,9 @@ def test_import_linter_contract() -> None:
     res = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "KEPT" in res.stdout and "BROKEN" not in res.stdout
+
+
+def test_launch_imports_prometheus_client_only_to_serve_metrics() -> None:
+    """A launch without ``--metrics-port`` pays nothing for metrics (nor does a rank)."""
+    assert "prometheus_client" not in _modules_after("import ddptop.cli.launch, ddptop.agent.node")
+    assert "prometheus_client" in _modules_after("import ddptop.agent.metrics")

@@ -18,6 +18,7 @@ import time
 
 from ddptop import discovery
 from ddptop.agent import jobrecord
+from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.errors import DdptopError
@@ -55,10 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-rank-s", type=float, default=60.0, help="give up if no rank appears by then")
     parser.add_argument("--rank-pid", type=int, default=0,
                         help="the rank that spawned this agent: once it is gone and no rank runs, stop")
+    parser.add_argument("--metrics-port", metavar="[ADDR:]PORT", default=os.environ.get(METRICS_PORT_ENV),
+                        help="serve Prometheus metrics there (default $DDPTOP_METRICS_PORT, else off)")
     args = parser.parse_args(argv)
     try:
         if not discovery.is_safe_job_id(args.job_id):
             raise DdptopError(f"not a job id: {args.job_id[:40]!r}")
+        listen = parse_listen(args.metrics_port) if args.metrics_port else None
         if not _lock(args.job_id):
             return 0  # another agent already keeps this job's record here
         agent = NodeAgent(args.job_id, [], int(args.record_mb * 1024 * 1024), record=args.record_mb > 0)
@@ -67,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     began = time.monotonic()
     agent.start()
+    if listen is not None:
+        try:
+            print(f"ddptop agent: metrics at {agent.serve_metrics(listen)}", file=sys.stderr, flush=True)
+        except OSError as exc:  # the record matters more than the metrics
+            print(f"ddptop agent: no metrics on {listen[0]}:{listen[1]}: {exc.strerror or exc}",
+                  file=sys.stderr)
     try:
         while True:
             time.sleep(0.2)

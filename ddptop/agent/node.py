@@ -12,7 +12,8 @@
   faulthandler's signal, /proc) and leaves where it is stuck in ``<job>.<rank>.stuck`` for
   viewers on this host, and in the black box;
 * keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current, so ``ddptop jobs``,
-  ``doctor``, ``replay`` and ``export`` work on the job after it is gone.
+  ``doctor``, ``replay`` and ``export`` work on the job after it is gone;
+* serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`).
 
 Nothing here runs inside a rank: the cost of recording is the agent's, never training's.
 """
@@ -24,6 +25,7 @@ import os
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -42,6 +44,10 @@ from ddptop.model.job import JobModel
 from ddptop.protocol import RankExit, RankState, RecordEntry, StacksMsg, StateMsg, StuckReport, ThreadStack
 from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
 from ddptop.status import FINAL
+
+if TYPE_CHECKING:  # prometheus_client is imported only by a launch that serves metrics
+    from ddptop.agent.metrics import AgentView
+    from ddptop.agent.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,7 @@ class NodeAgent:
         self._stuck: set[int] = set()  # ranks with a .stuck file written (guarded by self._lock)
         self._outside = OutsideReader(self._on_stuck)
         self.recording: JobRecording | None = None
+        self._metrics: MetricsServer | None = None
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
@@ -97,6 +104,32 @@ class NodeAgent:
         with self._lock:
             return self._exits.watching
 
+    def serve_metrics(self, listen: tuple[str, int]) -> str:
+        """Serve Prometheus metrics on *listen* until :meth:`finish`; the URL (OSError if unbindable)."""
+        from ddptop.agent.metrics import JobCollector, registry_for
+        from ddptop.agent.metrics_http import MetricsServer
+
+        server = MetricsServer(registry_for(JobCollector(self.metrics_view)), listen)
+        self._metrics = server
+        with self._lock:
+            self.record.metrics_url = server.url
+            self._write_record()
+        return server.url
+
+    def metrics_view(self, now: float) -> AgentView:
+        """One consistent read of the model for a scrape: this node's ranks only."""
+        from ddptop.agent.metrics import AgentView
+
+        with self._lock:
+            snapshot = self.model.snapshot(now)
+            histories = self.model.histories()
+            record_bytes = self.recording.bytes_on_disk if self.recording is not None else 0
+        # Ranks of other nodes are their own agents' to report: not "unreachable" here.
+        snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items()
+                                    if r in self.model.ranks}
+        return AgentView(job_id=self.job_id, host=self.host, version=__version__, snapshot=snapshot,
+                         histories=histories, record_bytes=record_bytes)
+
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
@@ -122,6 +155,9 @@ class NodeAgent:
         self._live.stop()
         self._outside.close()
         self._exits.close()
+        if self._metrics is not None:
+            self._metrics.close()
+            self.record.metrics_url = ""  # served while the job ran; nobody answers there now
         with self._lock:
             self.record.end_time = time.time()
             self.record.exit_code = exit_code

@@ -87,6 +87,8 @@ def _row(job: str, alive: list[discovery.Endpoint], ranks: list[discovery.Endpoi
         "exit_code": record.exit_code if record else None, "command": record.command if record else [],
         "record_bytes": record.record_bytes if record else 0, "outcome": outcome,
         "outcome_text": _outcome_text(record, alive),
+        # added with fleet metrics: where this host's agent serves them ("" when it does not)
+        "metrics_url": record.metrics_url if record and not record.ended else "",
     }
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import ddptop
 from ddptop import auth, discovery
 from ddptop.agent import jobrecord
+from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.errors import UsageError
@@ -42,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record-mb", type=float, default=None,
                         help=f"size cap of the job's black-box record in MB (default $DDPTOP_RECORD_MB or "
                              f"{DEFAULT_CAP_BYTES >> 20}; 0 turns recording off)")
+    parser.add_argument("--metrics-port", metavar="[ADDR:]PORT", default=None,
+                        help="serve Prometheus metrics of this node's ranks at http://ADDR:PORT/metrics "
+                             "(default $DDPTOP_METRICS_PORT, else off; ADDR defaults to every interface)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command, after `--` (e.g. torchrun --nproc-per-node 4 train.py)")
 
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if not discovery.is_safe_job_id(job_id):
         raise UsageError(f"--job-id {job_id[:40]!r}: use letters, digits, '_', '.', '-' (at most 64)")
     cap = record_cap(args.record_mb)
+    metrics_spec = args.metrics_port if args.metrics_port is not None else os.environ.get(METRICS_PORT_ENV)
+    listen = parse_listen(metrics_spec) if metrics_spec else None
     env = job_env(dict(os.environ), job_id, args.bind, args.interval)
     agent: NodeAgent | None = None
     try:
@@ -97,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if agent is not None:
         print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
         agent.start()
+        if listen is not None:
+            _serve_metrics(agent, listen)
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -122,6 +130,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
               file=sys.stderr)
     return code
+
+
+def _serve_metrics(agent: NodeAgent, listen: tuple[str, int]) -> None:
+    # Like the recording: a port in use costs the metrics, never the job.
+    try:
+        print(f"ddptop: metrics at {agent.serve_metrics(listen)}", file=sys.stderr)
+    except OSError as exc:
+        print(f"ddptop: no metrics: cannot listen on {listen[0]}:{listen[1]}: {exc.strerror or exc}",
+              file=sys.stderr)
 
 
 def record_cap(option_mb: float | None) -> int:
