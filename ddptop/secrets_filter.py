@@ -1,7 +1,9 @@
-"""Keep secrets on the host: filter environment variables before they leave a rank.
+"""Keep secrets on the host: filter environment variables and free text before they leave a rank.
 
-Applied inside the reporter (so secrets never cross the wire) and again when a bundle
-is written (defence in depth for files recorded by older reporters).
+Applied inside the reporter (so secrets never cross the wire: the environment, and the
+free text a rank sends — its exception in ``exit_reason``, ``reporter.last_error``, the
+Flight Recorder dump) and again when a bundle is written (defence in depth for files
+recorded by older reporters).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ _KEYLIKE = re.compile(
     r")"
 )
 _URL_CREDENTIALS = re.compile(r"(://[^/:@\s]+:)[^@\s]+@")
+# "password=...", "api_key: ...", '"token": "..."' in free text (an exception message that
+# quotes a config, a command line): the value after a secret-looking name. Matched from
+# the secret word on ("tokenizer=" is not one), with bounded gaps: linear in any text.
+_ASSIGNED = re.compile(
+    r"(?i)(?:token|secrets?|passw(?:or)?ds?|(?:api|access|private)[_-]?keys?|credentials?|cookies?)"
+    r"(?:[_.-][A-Za-z0-9_.-]{0,40})?[\"']?\s{0,4}[=:]\s{0,4}[\"']?([^\s\"',;&)}\]]+)"
+)
 MASK = "***"
 
 # Prefixes of variables worth reporting at all (the rest of the environment stays home).
@@ -38,8 +47,9 @@ def is_secret_name(name: str) -> bool:
 
 
 def mask_value(value: str) -> str:
-    """Mask key-like substrings and URL credentials inside *value*."""
+    """Mask key-like substrings, URL credentials and secret-named assignments inside *value*."""
     value = _URL_CREDENTIALS.sub(r"\1" + MASK + "@", value)
+    value = _ASSIGNED.sub(lambda m: m.group(0)[: m.start(1) - m.start(0)] + MASK, value)
     return _KEYLIKE.sub(lambda m: m.group(0)[: m.start(1) - m.start(0)] + MASK, value)
 
 

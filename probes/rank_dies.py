@@ -130,7 +130,7 @@ def plant(rank: int, step: int, end: float) -> None:
     """Die (or wait to be killed) as PROBE_DEATH says."""
     if DEATH == "exception":
         print(f"rank {rank}: step {step}: raising ValueError at t={time.time():.3f}", flush=True)
-        raise ValueError("planted failure")
+        raise ValueError(os.environ.get("PROBE_DIE_MESSAGE", "planted failure"))
     if DEATH == "wedge_gil":
         wedge(rank, step)
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import subprocess
@@ -185,6 +186,27 @@ def test_secret_names() -> None:
     assert secrets_filter.is_secret_name("my_api_key")
     assert secrets_filter.is_secret_name("NCCL_AUTH_THING")
     assert not secrets_filter.is_secret_name("NCCL_DEBUG")
+
+
+def test_free_text_is_masked_like_the_environment() -> None:
+    """Exception texts and FR dumps go through the same filter: secrets after secret names."""
+    mask = secrets_filter.mask_value
+    assert mask("ValueError: bad config password=hunter2 (x.py:3)") == \
+        "ValueError: bad config password=*** (x.py:3)"
+    assert mask("--api-key=ZZZ --lr 0.1") == "--api-key=*** --lr 0.1"
+    assert mask("secret_key = 'q1'") == "secret_key = '***'"
+    # Words of the trade that merely contain a secret word stay readable.
+    for plain in ("tokenizer=bert-base", "max_tokens=5", "KeyError: 'lr'", "NCCL_SOCKET_IFNAME=eth0"):
+        assert mask(plain) == plain
+    # A Flight Recorder dump stays valid JSON with its secret-named fields masked.
+    fr = json.dumps({"pg_config": {"0": {"desc": "default_pg", "auth_token": "Canary42"}},
+                     "entries": [{"profiling_name": "gloo:all_reduce", "frames": [{"name": "step"}]}]})
+    out = json.loads(mask(fr))
+    assert out["pg_config"]["0"]["auth_token"] == "***"
+    assert out["entries"][0]["profiling_name"] == "gloo:all_reduce"
+    # Linear in hostile text: long runs of name characters (the suite's timeout bounds it).
+    for hostile in ("a." * 300_000, "token_" * 100_000, "password" * 100_000):
+        assert len(mask(hostile)) <= len(hostile)
 
 
 # ---------------------------------------------------------------- discovery

@@ -11,6 +11,7 @@ torn down, not crashed.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -55,6 +56,17 @@ def assert_victims(job: RunningJob, culprit: int, world: int = 4) -> dict[int, d
     return ended
 
 
+def _plain(path: Any) -> bytes:
+    """A file's bytes, gunzipped when it is a recording (whole gzip members)."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError):
+            return data
+    return data
+
+
 def death(how: str) -> dict[str, str]:
     """Environment of probes/rank_dies.py: rank 2 dies *how*, at step 12."""
     return {"PROBE_DEATH": how, "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
@@ -67,11 +79,17 @@ def first(findings: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_python_exception_on_one_rank(job_runner: JobRunner) -> None:
-    job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("exception"))
+    # The exception quotes a secret, as one that prints a config might: it must leave the
+    # rank masked, in the black box, the doctor's words and the job record alike.
+    env = {**death("exception"), "PROBE_DIE_MESSAGE": "planted failure (db password=Hunter2Canary)"}
+    job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=env)
     step = int(job.wait_log(r"rank 2: step (\d+): raising ValueError", timeout=60).group(1))
-    f = first(ended_doctor(job))
+    findings = ended_doctor(job)
+    f = first(findings)
     assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
-    assert "ValueError: planted failure" in f["title"], f
+    assert "ValueError: planted failure (db password=***)" in f["title"], f
+    assert "Hunter2Canary" not in json.dumps(findings)
+    assert not [p.name for p in job.runtime_dir.rglob("*") if p.is_file() and b"Hunter2Canary" in _plain(p)]
     ended = assert_victims(job, culprit=2)
     # The exit code is read from outside before torchrun reaps the rank; when torchrun wins
     # (a known race, see README) the rank's own last words still say it crashed.

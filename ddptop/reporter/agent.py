@@ -43,6 +43,7 @@ from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
 from ddptop.reporter.server import ReporterServer
 from ddptop.reporter.system import SystemSampler
+from ddptop.secrets_filter import mask_value
 from ddptop.status import Status
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class Reporter:
                 except Exception as exc:
                     self._count_error(exc)
             self.state.status = status
-            self.state.exit_reason = reason
+            self.state.exit_reason = mask_value(reason)  # an exception may quote a secret
             path = discovery.record_path(self.config.job_id, self.config.rank, "last")
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -198,7 +199,7 @@ class Reporter:
 
     def _count_error(self, exc: BaseException) -> None:
         self.stats.errors += 1
-        self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
+        self.stats.last_error = mask_value(f"{type(exc).__name__}: {exc}"[:300])
         if self.stats.errors <= 3:
             log.warning("ddptop reporter error (counted, training unaffected): %s", exc)
 
@@ -369,10 +370,11 @@ class Reporter:
         if cmd == "fr_trace":
             try:
                 text = collectives.read_fr_json() if self._torch_ready else ""
-                return FrTraceMsg(rank=self.config.rank, time=time.time(), json=text,
+                # FR strings (frames, group descriptions) leave the host: the env's filter.
+                return FrTraceMsg(rank=self.config.rank, time=time.time(), json=mask_value(text),
                                   error="" if text else "Flight Recorder unavailable",
                                   id=request.id)
             except Exception as exc:
-                return FrTraceMsg(rank=self.config.rank, time=time.time(), error=str(exc),
+                return FrTraceMsg(rank=self.config.rank, time=time.time(), error=mask_value(str(exc)),
                                   id=request.id)
         return ErrorMsg(reason=f"unsupported request {cmd!r}", id=request.id)
