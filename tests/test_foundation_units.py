@@ -462,3 +462,36 @@ def test_rank_refuses_a_non_loopback_bind_without_a_token(token: str, tmp_path: 
         assert res.stdout.split() == ["False", "training", "ran"]
         assert res.stderr.strip() == ("ddptop: reporter disabled in this rank: "
                                       "binding to 0.0.0.0 requires a token (set DDPTOP_TOKEN)")
+
+
+# ---------------------------------------------------------------- multi-node addresses
+
+
+def test_advertise_address_prefers_what_other_hosts_can_reach() -> None:
+    """DDPTOP_ADVERTISE, else a specific bind, else the route to MASTER_ADDR, else the hostname."""
+    import socket
+
+    from ddptop.reporter.store_publish import advertise_address
+
+    assert advertise_address("0.0.0.0", "10.9.8.7", "127.0.0.1") == "10.9.8.7"
+    assert advertise_address("127.0.0.1", "", "10.0.0.1") == "127.0.0.1"
+    assert advertise_address("0.0.0.0", "", "127.0.0.1") == "127.0.0.1"  # the route's local end
+    assert advertise_address("::", "", "::1") == "::1"
+    # A name would need DNS as the rank starts: the hostname, as before.
+    assert advertise_address("0.0.0.0", "", "master.example") == socket.gethostname()
+    assert advertise_address("0.0.0.0", "", None) == socket.gethostname()
+
+
+def test_unreachable_summary_tells_refusal_from_silence_and_names_a_lost_host() -> None:
+    from ddptop.client.collect import unreachable_summary
+
+    hosts = {0: "a", 1: "a", 2: "b at 192.0.2.2", 3: "b at 192.0.2.2"}
+    refused = {r: f"rank {r} at x:1 requires a token (set DDPTOP_TOKEN)" for r in (0, 1)}
+    silent = {r: f"rank {r} at 192.0.2.2:1: timed out" for r in (2, 3)}
+    line = unreachable_summary({**refused, **silent}, hosts)
+    assert line.startswith("2 rank(s) refused us, wrong or missing token"), line
+    assert "2 rank(s) did not answer: 2-3" in line
+    assert "none of host b at 192.0.2.2's ranks (2-3) answered" in line
+    # One rank of a host silent: not a lost host; one host only: nothing to compare.
+    assert "none of host" not in unreachable_summary({2: "timed out"}, hosts)
+    assert "none of host" not in unreachable_summary({0: "x", 1: "y"}, {0: "a", 1: "a"})

@@ -13,6 +13,7 @@ import logging
 import sys
 
 from ddptop.bundle.export import export_bundle, export_record
+from ddptop.client.collect import target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
 
@@ -43,5 +44,6 @@ def run(args: argparse.Namespace) -> int:
     print(summary.line(), file=sys.stderr)
     missing = {r: why for r, why in summary.unanswered.items() if not why.startswith("stacks:")}
     if missing:
-        raise RankUnreachable(f"{len(missing)} rank(s) did not answer; the bundle holds the rest")
+        why = unreachable_summary(missing, target_hosts(target))
+        raise RankUnreachable(f"{why}; the bundle holds the rest")
     return 0

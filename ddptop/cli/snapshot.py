@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ddptop import auth
-from ddptop.client.collect import take_snapshot
+from ddptop.client.collect import take_snapshot, target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
 from ddptop.model.snapshot import JobSnapshot
@@ -65,6 +65,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         Console().print(render_table(snap, time.time()))
     if snap.job.unreachable:
-        ranks = ", ".join(str(r) for r in snap.job.unreachable)
-        raise RankUnreachable(f"{len(snap.job.unreachable)} rank(s) did not answer: {ranks}")
+        raise RankUnreachable(unreachable_summary(snap.job.unreachable, target_hosts(target)))
     return 0

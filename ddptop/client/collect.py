@@ -17,7 +17,7 @@ from typing import TypeVar
 import msgspec
 
 from ddptop import discovery
-from ddptop.client.connection import RankConnection
+from ddptop.client.connection import TOKEN_MISSING, TOKEN_REFUSED, RankConnection
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
@@ -25,6 +25,7 @@ from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import FrameStack, RankState, RecordEntry, StacksMsg, StateMsg, ThreadStack
 from ddptop.remains import crash_signal, read_stuck
 from ddptop.status import Status
+from ddptop.textfmt import rank_ranges
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +137,34 @@ def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 
     for rank in target.missing_ranks:
         unreachable.setdefault(rank, f"rank {rank}: no record found (not started, or on another host)")
     return build_snapshot(target.job_id, target.world_size, states, unreachable, time.time())
+
+
+def unreachable_summary(unreachable: dict[int, str], hosts: dict[int, str]) -> str:
+    """One line that tells refusal from silence, and names a host none of whose ranks answered.
+
+    *hosts* maps every rank the viewer tried to reach to its host. "refused" means the rank
+    answered and turned our token down (or asked for one we do not have): a token problem,
+    not a network one.
+    """
+    refused = sorted(r for r, why in unreachable.items() if TOKEN_MISSING in why or TOKEN_REFUSED in why)
+    silent = sorted(r for r in unreachable if r not in refused)
+    parts: list[str] = []
+    if refused:
+        parts.append(f"{len(refused)} rank(s) refused us, wrong or missing token (DDPTOP_TOKEN, "
+                     f"DDPTOP_TOKEN_FILE): {rank_ranges(refused)}")
+    if silent:
+        parts.append(f"{len(silent)} rank(s) did not answer: {rank_ranges(silent)}")
+    by_host: dict[str, list[int]] = {}
+    for rank, host in hosts.items():
+        by_host.setdefault(host, []).append(rank)
+    down = [h for h, ranks in sorted(by_host.items()) if len(by_host) > 1 and all(r in silent for r in ranks)]
+    for host in down:
+        parts.append(f"none of host {host}'s ranks ({rank_ranges(by_host[host])}) answered: "
+                     "is the host down, or its port firewalled?")
+    return "; ".join(parts)
+
+
+def target_hosts(target: JobTarget) -> dict[int, str]:
+    """The host of every rank *target* tried to reach (dead local ranks are not "a host down")."""
+    return {e.rank: e.host if not e.node or e.node == e.host else f"{e.node} at {e.host}"
+            for e in target.endpoints}

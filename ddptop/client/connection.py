@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# How a refusal reads (summaries tell "refused" from "not answering" by these words).
+TOKEN_MISSING = "requires a token"
+TOKEN_REFUSED = "refused the token"
+
 class RankConnection:
     """One TCP connection to a rank's reporter."""
 
@@ -74,12 +78,12 @@ class RankConnection:
         if hello.auth_required:
             if not self._token:
                 self.close()
-                raise AuthError(f"{self.label} requires a token (set {auth.TOKEN_ENV})")
+                raise AuthError(f"{self.label} {TOKEN_MISSING} (set {auth.TOKEN_ENV})")
             self._send(AuthProof(mac=auth.prove(self._token, hello.nonce)))
             result = self._expect(AuthResult)
             if not result.ok:
                 self.close()
-                raise AuthError(f"{self.label} refused the token: {result.reason}")
+                raise AuthError(f"{self.label} {TOKEN_REFUSED}: {result.reason}")
         return hello
 
     def close(self) -> None:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -115,6 +116,10 @@ def _from_store(target: str, timeout_s: float) -> JobTarget:
     match = _HOST_PORT.match(target)
     assert match is not None
     host, port = match.group("host").strip("[]"), int(match.group("port"))
+    # c10d's C++ warnings ("the hostname of the client socket cannot be retrieved", printed
+    # wherever hostnames do not resolve) would break a viewer's one-line output; read once,
+    # when torch is first imported. A user's own setting wins.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         from torch.distributed import TCPStore
     except ImportError:

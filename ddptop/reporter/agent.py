@@ -42,6 +42,7 @@ from ddptop.reporter.last_words import SigtermWatch
 from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
 from ddptop.reporter.server import ReporterServer
+from ddptop.reporter.store_publish import advertise_address
 from ddptop.reporter.system import SystemSampler
 from ddptop.secrets_filter import mask_value
 from ddptop.status import Status
@@ -98,8 +99,7 @@ class Reporter:
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
         self.sigterm.install()
-        advertise = cfg.advertise or (cfg.bind if cfg.bind not in ("0.0.0.0", "::") else
-                                      socket.gethostname())
+        advertise = advertise_address(cfg.bind, cfg.advertise, os.environ.get("MASTER_ADDR"))
         self.endpoint = discovery.Endpoint(
             job_id=cfg.job_id, rank=cfg.rank, world_size=cfg.world_size, host=advertise,
             port=self.server.port, pid=os.getpid(), start_time=self.state.start_time,

@@ -3,18 +3,26 @@
 A viewer on any node can then read ``ddptop/endpoint/<rank>`` from the store and
 reach every rank of a multi-node job (``ddptop snapshot HOST:PORT``). Runs on the
 reporter thread, once, after the default process group exists.
+
+What a rank publishes must be reachable from the other hosts: in containers and pods
+hostnames often do not resolve across hosts, while MASTER_ADDR is an address every host
+reaches. So a rank serving on every interface advertises the address of its interface
+that routes to MASTER_ADDR (:func:`advertise_address`), unless ``DDPTOP_ADVERTISE`` says.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
 from datetime import timedelta
 
 from ddptop.discovery import Endpoint
 
 log = logging.getLogger(__name__)
 
+WILDCARD_BINDS = frozenset(("0.0.0.0", "::", ""))
 KEY_PREFIX = "ddptop/endpoint/"
 WORLD_KEY = "ddptop/world_size"
 
@@ -35,3 +43,32 @@ def publish_endpoint(endpoint: Endpoint, timeout_s: float) -> bool:
     except Exception as exc:
         log.debug("ddptop: could not publish endpoint to %s:%s: %s", host, port, exc)
         return False
+
+
+def advertise_address(bind: str, explicit: str, master_addr: str | None) -> str:
+    """The host viewers should connect to: *explicit* (``DDPTOP_ADVERTISE``), else a
+    specific *bind*, else the local address that routes to *master_addr*, else the hostname."""
+    if explicit:
+        return explicit
+    if bind not in WILDCARD_BINDS:
+        return bind
+    return route_to(master_addr or "") or socket.gethostname()
+
+
+def route_to(master_addr: str) -> str:
+    """The local address of the interface that routes to *master_addr* ("" if unknown).
+
+    Only for a literal IP: a name would need DNS, which can block for seconds, and this
+    runs as the rank starts. A UDP ``connect`` picks the route and sends nothing.
+    """
+    try:
+        target = ipaddress.ip_address(master_addr.strip("[]"))
+    except ValueError:
+        return ""
+    family = socket.AF_INET6 if target.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((str(target), 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return ""
