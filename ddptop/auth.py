@@ -1,8 +1,9 @@
-"""Token handling and the challenge-response that guards non-loopback reporters.
+"""Token handling and the challenge-response between viewers and ranks.
 
 The token never travels: a rank sends a random nonce, the viewer answers with
-HMAC-SHA256(token, nonce). Loopback-only reporters need no token (the runtime
-directory, mode 0700, is the access control there).
+HMAC-SHA256(token, nonce) and a nonce of its own, and the rank answers that one (domain
+separated), so each side knows the other holds the token. Where the token comes from:
+``DDPTOP_TOKEN`` / ``DDPTOP_TOKEN_FILE``, else the job's own (:mod:`ddptop.job_token`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ def prove(token: str, nonce: str) -> str:
 def verify(token: str, nonce: str, mac: str) -> bool:
     """Check a proof in constant time."""
     return hmac.compare_digest(prove(token, nonce), mac)
+
+
+def prove_server(token: str, nonce: str) -> str:
+    """The rank's proof of knowing *token* for the viewer's challenge *nonce*.
+
+    Domain-separated from :func:`prove`: a fake rank that hands a viewer the viewer's own
+    nonce as its challenge gets nothing it can answer with."""
+    return prove(token, "rank-proof:" + nonce)
+
+
+def verify_server(token: str, nonce: str, mac: str) -> bool:
+    """Check a rank's proof in constant time."""
+    return hmac.compare_digest(prove_server(token, nonce), mac)
 
 
 def load_token(explicit: str | None = None) -> str | None:

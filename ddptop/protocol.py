@@ -305,16 +305,20 @@ class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
 
 
 class AuthProof(msgspec.Struct, gc=False, tag="auth", kw_only=True):
-    """Viewer's answer to the challenge: HMAC-SHA256(token, nonce) in hex."""
+    """Viewer's answer to the challenge: HMAC-SHA256(token, nonce) in hex, and its own
+    challenge to the rank (``nonce``; empty from viewers that do not check the rank)."""
 
     mac: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)]
+    nonce: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)] = ""
 
 
 class AuthResult(msgspec.Struct, gc=False, tag="auth_result", kw_only=True):
-    """Rank's verdict on the proof; on failure the rank closes the connection."""
+    """Rank's verdict on the proof; on failure the rank closes the connection. On success,
+    ``mac`` proves the rank knows the token too (over the viewer's nonce, see auth.py)."""
 
     ok: bool
-    reason: str = ""
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)] = ""
+    mac: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)] = ""
 
 
 class Request(msgspec.Struct, gc=False, tag="request", kw_only=True):

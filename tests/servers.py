@@ -29,7 +29,8 @@ def rank_state(rank: int = 0, pad: int = 0) -> RankState:
 class ServerThread:
     """A ReporterServer polled on its own thread; optionally broadcasting big states."""
 
-    def __init__(self, token: str | None = None, broadcast_pad: int = 0, reply_pad: int = 0) -> None:
+    def __init__(self, token: str | None = None, broadcast_pad: int = 0, reply_pad: int = 0,
+                 job_id: str = "jobx") -> None:
         self.requests: list[str] = []
         reply_state = rank_state(pad=reply_pad)
 
@@ -37,8 +38,8 @@ class ServerThread:
             self.requests.append(request.command)
             return StateMsg(state=reply_state, id=request.id)
 
-        self.server = ReporterServer("127.0.0.1", 0, token, 0, "jobx", handler)
-        self.endpoint = discovery.Endpoint(job_id="jobx", rank=0, world_size=2, host="127.0.0.1",
+        self.server = ReporterServer("127.0.0.1", 0, token, 0, job_id, handler)
+        self.endpoint = discovery.Endpoint(job_id=job_id, rank=0, world_size=2, host="127.0.0.1",
                                            port=self.server.port, pid=1)
         self._pad = broadcast_pad
         self._stop = threading.Event()
@@ -65,9 +66,10 @@ class ServerThread:
 
 
 @contextmanager
-def serving(token: str | None = None, broadcast_pad: int = 0, reply_pad: int = 0) -> Iterator[ServerThread]:
+def serving(token: str | None = None, broadcast_pad: int = 0, reply_pad: int = 0,
+            job_id: str = "jobx") -> Iterator[ServerThread]:
     """A running server for one test, always stopped."""
-    srv = ServerThread(token, broadcast_pad, reply_pad)
+    srv = ServerThread(token, broadcast_pad, reply_pad, job_id)
     try:
         yield srv
     finally:

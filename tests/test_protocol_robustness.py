@@ -205,7 +205,7 @@ def test_hostile_clients_do_not_disturb_a_real_job(job_runner: JobRunner) -> Non
         half = raw_peer(endpoint.port)
         half.sendall(header_bytes() + encode_frame(Request(command="state"))[:3])
         half.close()
-    # No token configured: an unexpected proof is refused as an unsupported message.
+    # After the handshake (with the job's own token), a second proof is an unsupported message.
     with RankConnection(endpoint, timeout=5) as conn, pytest.raises(ProtocolError, match="AuthProof"):
         conn._send(AuthProof(mac="00" * 32))
         conn.state()

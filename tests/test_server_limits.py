@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from ddptop import discovery
+from ddptop import auth, discovery, job_token
 from ddptop.client.connection import RankConnection
 from ddptop.errors import ProtocolError
-from ddptop.protocol import ErrorMsg, Message, ReporterStats, Request, StateMsg
+from ddptop.protocol import AuthProof, ErrorMsg, Message, ReporterStats, Request, StateMsg
 from ddptop.reporter import limits
 from ddptop.wire import encode_frame, header_bytes
 from tests.jobs import JobRunner
@@ -37,16 +37,22 @@ REPLY_PAD = 64 * 1024  # each reply ~64 KB: without caps a flood queues gigabyte
 class Flooder:
     """A peer that sends read-only requests as fast as it can and never reads a reply."""
 
-    def __init__(self, port: int, seconds: float) -> None:
+    def __init__(self, port: int, seconds: float, token: str | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.connect(("127.0.0.1", port))
-        self.sock.settimeout(0.2)
         self.sent_requests = 0
         self._burst = b"".join(encode_frame(Request(command="state", id=i + 1)) for i in range(500))
         self._until = time.monotonic() + seconds
         self._stop = threading.Event()
         self.sock.sendall(header_bytes())
+        if token is not None:  # a client of the same user, who can read the job's token
+            hello, buf = read_hello(self.sock)
+            self.sock.sendall(encode_frame(AuthProof(mac=auth.prove(token, hello.nonce))))
+            deadline = time.monotonic() + 5
+            while not buf.feed(self.sock.recv(65536)) and time.monotonic() < deadline:
+                pass  # until the AuthResult
+        self.sock.settimeout(0.2)
         self._thread = threading.Thread(target=self._run, name="flooder", daemon=True)
         self._thread.start()
 
@@ -216,7 +222,7 @@ def test_request_flood_on_a_real_rank(job_runner: JobRunner) -> None:
     snap = job.wait_ranks(2, timeout=90)
     rss_before = {r["rank"]: r["rss_bytes"] for r in snap["ranks"]}
     endpoint = next(e for e in discovery.read_records() if e.job_id == job.job_id and e.rank == 0)
-    floods = [Flooder(endpoint.port, seconds=45) for _ in range(4)]
+    floods = [Flooder(endpoint.port, seconds=45, token=job_token.read(job.job_id)) for _ in range(4)]
     try:
         assert settles(lambda: sum(f.sent_requests for f in floods) >= 20_000, timeout=20)
         step0 = next(r["step"] for r in job.snapshot()["ranks"] if r["rank"] == 0)

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from ddptop import discovery
+from ddptop import discovery, job_token
 from ddptop.agent import jobrecord
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     record = agent.finish(None, grace_s=2.0)
     (jobrecord.job_dir(args.job_id) / LOCK_FILE).unlink(missing_ok=True)
+    job_token.remove(args.job_id)
     summary = {"job_id": args.job_id, "ranks": len(record.ranks),
                "seconds": round(time.monotonic() - began, 3), "record_bytes": record.record_bytes,
                "frames": agent.recording.frames if agent.recording else 0,

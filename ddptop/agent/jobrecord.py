@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop import discovery
+from ddptop import discovery, job_token
 from ddptop.discovery import pid_alive, private_write
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,7 @@ def prune(max_age_s: float, max_total_bytes: float, now: float | None = None,
 def remove_job(job_id: str) -> None:
     """Delete a job's record directory and its ranks' files in the runtime directory."""
     shutil.rmtree(job_dir(job_id), ignore_errors=True)
+    job_token.remove(job_id)
     root = discovery.runtime_dir(create=False)
     # <job>.<rank>.<suffix>, and never another job whose id merely starts with this one.
     mine = re.compile(re.escape(job_id) + r"\.\d+\.")

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 import ddptop
-from ddptop import auth, discovery
+from ddptop import auth, discovery, job_token
 from ddptop.agent import jobrecord
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddptop: {exc}; running the job without ddptop", file=sys.stderr)
         env["DDPTOP_DISABLE"] = "1"
     if agent is not None:
+        _job_token_quietly(job_id)
         print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
         agent.start()
         if listen is not None:
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if agent is None:
         return code
     record = agent.finish(code)
+    job_token.remove(job_id)  # its ranks are gone; the record needs no token
     failed = [o for o in record.ranks if o.status not in ("exited", "running")]
     if code != 0 or failed:
         culprit = agent.model.first_failure()
@@ -130,6 +132,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
               file=sys.stderr)
     return code
+
+
+def _job_token_quietly(job_id: str) -> None:
+    # Before the ranks start, so that they all find one (they would make it themselves).
+    if auth.load_token() is None:
+        try:
+            job_token.ensure(job_id)
+        except OSError as exc:
+            print(f"ddptop: no job token ({exc}); ranks serve loopback without one", file=sys.stderr)
 
 
 def _serve_metrics(agent: NodeAgent, listen: tuple[str, int]) -> None:

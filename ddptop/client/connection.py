@@ -12,7 +12,7 @@ import socket
 from collections.abc import Iterator
 from typing import TypeVar
 
-from ddptop import auth
+from ddptop import auth, job_token
 from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError, ProtocolError, RankUnreachable
 from ddptop.protocol import (
@@ -33,18 +33,22 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-
 # How a refusal reads (summaries tell "refused" from "not answering" by these words).
 TOKEN_MISSING = "requires a token"
 TOKEN_REFUSED = "refused the token"
+NOT_THE_RANK = "did not prove it knows the job's token"
+
 
 class RankConnection:
-    """One TCP connection to a rank's reporter."""
+    """One TCP connection to a rank's reporter.
+
+    *token* is the environment's (``auth.load_token()``); the job's own token file on this
+    host, when there is one, wins (:func:`ddptop.job_token.for_viewer`)."""
 
     def __init__(self, endpoint: Endpoint, token: str | None = None, timeout: float = 5.0) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._token = token
+        self._token, self._job_owns_token = job_token.for_viewer(endpoint.job_id, token)
         self._sock: socket.socket | None = None
         self._buf = FrameBuffer()
         self._inbox: list[Message] = []
@@ -79,11 +83,18 @@ class RankConnection:
             if not self._token:
                 self.close()
                 raise AuthError(f"{self.label} {TOKEN_MISSING} (set {auth.TOKEN_ENV})")
-            self._send(AuthProof(mac=auth.prove(self._token, hello.nonce)))
+            challenge = auth.new_nonce()
+            self._send(AuthProof(mac=auth.prove(self._token, hello.nonce), nonce=challenge))
             result = self._expect(AuthResult)
             if not result.ok:
                 self.close()
                 raise AuthError(f"{self.label} {TOKEN_REFUSED}: {result.reason}")
+            if not auth.verify_server(self._token, challenge, result.mac):
+                self.close()
+                raise AuthError(f"{self.label} {NOT_THE_RANK}: not the job's rank")
+        elif self._job_owns_token:
+            self.close()  # every rank of this job asks for its token: this is not one of them
+            raise AuthError(f"{self.label} {NOT_THE_RANK} (it asked for none): not the job's rank")
         return hello
 
     def close(self) -> None:

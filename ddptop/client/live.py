@@ -20,8 +20,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from ddptop import auth, discovery
+from ddptop import auth, discovery, job_token
 from ddptop.client.collect import last_words, stuck_stacks
+from ddptop.client.connection import NOT_THE_RANK, TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import ProtocolError
@@ -62,6 +63,8 @@ class _Peer:
     waiting: dict[int, Future[Message]] = field(default_factory=dict)
     heard_at: float = field(default_factory=time.monotonic)  # last state (or the connect)
     stuck_time: float = 0.0  # time of the last outside report delivered for it
+    challenge: str = ""  # our nonce for the rank's proof of the token (empty: none asked)
+    token: str | None = None  # what we proved with, for checking the rank's answer
 
 
 class LiveSource:
@@ -294,19 +297,25 @@ class LiveSource:
     def _on_message(self, peer: _Peer, message: Message) -> None:
         rank, now = peer.endpoint.rank, time.time()
         if isinstance(message, Hello):
+            token, owned = job_token.for_viewer(peer.endpoint.job_id, self._token)
             if message.auth_required:
-                if not self._token:
-                    self._lost(peer, f"rank requires a token (set {auth.TOKEN_ENV})")
+                if not token:
+                    self._lost(peer, f"rank {TOKEN_MISSING} (set {auth.TOKEN_ENV})")
                     return
-                self._send(peer, AuthProof(mac=auth.prove(self._token, message.nonce)))
+                peer.token, peer.challenge = token, auth.new_nonce()
+                self._send(peer, AuthProof(mac=auth.prove(token, message.nonce), nonce=peer.challenge))
+            elif owned:
+                self._lost(peer, f"{NOT_THE_RANK} (it asked for none): not the job's rank")
             else:
                 self._ready(peer)
             return
         if isinstance(message, AuthResult):
-            if message.ok:
-                self._ready(peer)
+            if not message.ok:
+                self._lost(peer, f"{TOKEN_REFUSED}: {message.reason}")
+            elif peer.token is None or not auth.verify_server(peer.token, peer.challenge, message.mac):
+                self._lost(peer, f"{NOT_THE_RANK}: not the job's rank")
             else:
-                self._lost(peer, f"token refused: {message.reason}")
+                self._ready(peer)
             return
         ident = getattr(message, "id", 0)
         fut = peer.waiting.pop(ident, None) if ident else None

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from ddptop import auth, discovery
+from ddptop import auth, discovery, job_token
 from ddptop.protocol import (
     ErrorMsg,
     FrTraceMsg,
@@ -94,7 +94,7 @@ class Reporter:
         cfg = self.config
         # Enforced here, in the rank, not only by `ddptop launch --bind`: DDPTOP_BIND can be
         # set by hand, and an open port without a token must never be served.
-        token = auth.token_for_bind(cfg.bind, cfg.token)
+        token = auth.token_for_bind(cfg.bind, cfg.token or self._job_token())
         self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
@@ -109,6 +109,17 @@ class Reporter:
         atexit.register(self.shutdown)
         self._thread = threading.Thread(target=self._run, name="ddptop-reporter", daemon=True)
         self._thread.start()
+
+    def _job_token(self) -> str | None:
+        """The job's own token (generated once per job and host): safe by default. Without
+        it (a read-only runtime dir) the rank still serves, on loopback only, as before."""
+        if not self.config.job_id:
+            return None
+        try:
+            return job_token.ensure(self.config.job_id)
+        except OSError as exc:
+            self._count_error(exc)
+            return None
 
     def shutdown(self) -> None:
         """Stop the thread, leave last words, remove the discovery record."""

@@ -291,7 +291,8 @@ class ReporterServer:
                 self._token, client.nonce, message.mac
             ):
                 client.authed = True
-                self._queue(client, encode_frame(AuthResult(ok=True)))
+                mine = auth.prove_server(self._token, message.nonce) if message.nonce else ""
+                self._queue(client, encode_frame(AuthResult(ok=True, mac=mine)))
                 if client.inbuf.header_seen:
                     self._admit(client)
                 return
