@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from ddptop import auth, discovery, job_token
-from ddptop.client.connection import NOT_THE_RANK, TOKEN_MISSING, RankConnection
+from ddptop.client.connection import RankConnection
+from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING
 from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError
 from ddptop.protocol import PROTOCOL_VERSION, AuthResult, Hello

@@ -17,7 +17,8 @@ from typing import TypeVar
 import msgspec
 
 from ddptop import discovery
-from ddptop.client.connection import TOKEN_MISSING, TOKEN_REFUSED, RankConnection
+from ddptop.client.connection import RankConnection
+from ddptop.client.handshake import TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError

@@ -12,11 +12,10 @@ import socket
 from collections.abc import Iterator
 from typing import TypeVar
 
-from ddptop import auth, job_token
+from ddptop.client.handshake import Handshake
 from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError, ProtocolError, RankUnreachable
 from ddptop.protocol import (
-    AuthProof,
     AuthResult,
     ErrorMsg,
     FrTraceMsg,
@@ -33,22 +32,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# How a refusal reads (summaries tell "refused" from "not answering" by these words).
-TOKEN_MISSING = "requires a token"
-TOKEN_REFUSED = "refused the token"
-NOT_THE_RANK = "did not prove it knows the job's token"
-
 
 class RankConnection:
-    """One TCP connection to a rank's reporter.
-
-    *token* is the environment's (``auth.load_token()``); the job's own token file on this
-    host, when there is one, wins (:func:`ddptop.job_token.for_viewer`)."""
+    """One TCP connection to a rank's reporter (*token*: see :class:`Handshake`)."""
 
     def __init__(self, endpoint: Endpoint, token: str | None = None, timeout: float = 5.0) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._token, self._job_owns_token = job_token.for_viewer(endpoint.job_id, token)
+        self._handshake = Handshake(endpoint, token)
         self._sock: socket.socket | None = None
         self._buf = FrameBuffer()
         self._inbox: list[Message] = []
@@ -79,22 +70,14 @@ class RankConnection:
             raise RankUnreachable(f"{self.label}: {exc.strerror or exc}") from None
         hello = self._expect(Hello)
         self.hello = hello
-        if hello.auth_required:
-            if not self._token:
-                self.close()
-                raise AuthError(f"{self.label} {TOKEN_MISSING} (set {auth.TOKEN_ENV})")
-            challenge = auth.new_nonce()
-            self._send(AuthProof(mac=auth.prove(self._token, hello.nonce), nonce=challenge))
-            result = self._expect(AuthResult)
-            if not result.ok:
-                self.close()
-                raise AuthError(f"{self.label} {TOKEN_REFUSED}: {result.reason}")
-            if not auth.verify_server(self._token, challenge, result.mac):
-                self.close()
-                raise AuthError(f"{self.label} {NOT_THE_RANK}: not the job's rank")
-        elif self._job_owns_token:
-            self.close()  # every rank of this job asks for its token: this is not one of them
-            raise AuthError(f"{self.label} {NOT_THE_RANK} (it asked for none): not the job's rank")
+        try:
+            proof = self._handshake.on_hello(hello)
+            if proof is not None:
+                self._send(proof)
+                self._handshake.on_result(self._expect(AuthResult))
+        except AuthError:
+            self.close()
+            raise
         return hello
 
     def close(self) -> None:

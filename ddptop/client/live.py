@@ -20,15 +20,14 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from ddptop import auth, discovery, job_token
+from ddptop import discovery
 from ddptop.client.collect import last_words, stuck_stacks
-from ddptop.client.connection import NOT_THE_RANK, TOKEN_MISSING, TOKEN_REFUSED
+from ddptop.client.handshake import Handshake
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
-from ddptop.errors import ProtocolError
+from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.protocol import (
-    AuthProof,
     AuthResult,
     ConnectionEvent,
     ErrorMsg,
@@ -63,8 +62,7 @@ class _Peer:
     waiting: dict[int, Future[Message]] = field(default_factory=dict)
     heard_at: float = field(default_factory=time.monotonic)  # last state (or the connect)
     stuck_time: float = 0.0  # time of the last outside report delivered for it
-    challenge: str = ""  # our nonce for the rank's proof of the token (empty: none asked)
-    token: str | None = None  # what we proved with, for checking the rank's answer
+    handshake: Handshake | None = None  # of the current connection
 
 
 class LiveSource:
@@ -296,25 +294,19 @@ class LiveSource:
 
     def _on_message(self, peer: _Peer, message: Message) -> None:
         rank, now = peer.endpoint.rank, time.time()
-        if isinstance(message, Hello):
-            token, owned = job_token.for_viewer(peer.endpoint.job_id, self._token)
-            if message.auth_required:
-                if not token:
-                    self._lost(peer, f"rank {TOKEN_MISSING} (set {auth.TOKEN_ENV})")
-                    return
-                peer.token, peer.challenge = token, auth.new_nonce()
-                self._send(peer, AuthProof(mac=auth.prove(token, message.nonce), nonce=peer.challenge))
-            elif owned:
-                self._lost(peer, f"{NOT_THE_RANK} (it asked for none): not the job's rank")
-            else:
-                self._ready(peer)
-            return
-        if isinstance(message, AuthResult):
-            if not message.ok:
-                self._lost(peer, f"{TOKEN_REFUSED}: {message.reason}")
-            elif peer.token is None or not auth.verify_server(peer.token, peer.challenge, message.mac):
-                self._lost(peer, f"{NOT_THE_RANK}: not the job's rank")
-            else:
+        if isinstance(message, Hello | AuthResult):
+            try:
+                if isinstance(message, Hello):
+                    peer.handshake = Handshake(peer.endpoint, self._token)
+                    proof = peer.handshake.on_hello(message)
+                    if proof is not None:
+                        self._send(peer, proof)
+                elif peer.handshake is not None:
+                    peer.handshake.on_result(message)
+            except AuthError as exc:
+                self._lost(peer, str(exc))
+                return
+            if peer.handshake is not None and peer.handshake.done:
                 self._ready(peer)
             return
         ident = getattr(message, "id", 0)

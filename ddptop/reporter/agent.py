@@ -94,7 +94,9 @@ class Reporter:
         cfg = self.config
         # Enforced here, in the rank, not only by `ddptop launch --bind`: DDPTOP_BIND can be
         # set by hand, and an open port without a token must never be served.
-        token = auth.token_for_bind(cfg.bind, cfg.token or self._job_token())
+        # A generated token never leaves this host: beyond loopback, DDPTOP_TOKEN it must be.
+        local = cfg.bind in auth.LOOPBACK_BINDS
+        token = auth.token_for_bind(cfg.bind, cfg.token or (self._job_token() if local else None))
         self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)

@@ -1,0 +1,60 @@
+"""The viewer's side of the handshake, without I/O: one state machine for both connection kinds.
+
+:class:`~ddptop.client.connection.RankConnection` (blocking, one rank) and
+:class:`~ddptop.client.live.LiveSource` (a selector over many) feed it the rank's ``Hello``
+and ``AuthResult`` and send what it returns; every refusal is an :class:`AuthError` whose
+words the summaries (:func:`ddptop.client.collect.unreachable_summary`) recognise.
+
+What it checks, in order: a rank that asks for a token gets our proof and a challenge of
+ours, and must answer the challenge (it knows the token too); a rank that asks for none is
+accepted unless the job has a token of its own on this host, which every one of its ranks
+would ask for (:mod:`ddptop.job_token`).
+"""
+
+from __future__ import annotations
+
+from ddptop import auth, job_token
+from ddptop.discovery import Endpoint
+from ddptop.errors import AuthError
+from ddptop.protocol import AuthProof, AuthResult, Hello
+
+# How a refusal reads (summaries tell "refused" from "not answering" by these words).
+TOKEN_MISSING = "requires a token"
+TOKEN_REFUSED = "refused the token"
+NOT_THE_RANK = "did not prove it knows the job's token"
+
+
+class Handshake:
+    """One connection's handshake with the rank at *endpoint*.
+
+    *token* is the environment's (``auth.load_token()``); the job's own token file on this
+    host, when there is one, wins (:func:`ddptop.job_token.for_viewer`)."""
+
+    def __init__(self, endpoint: Endpoint, token: str | None) -> None:
+        self.label = f"rank {endpoint.rank} at {endpoint.host}:{endpoint.port}"
+        self._token, self._job_owns_token = job_token.for_viewer(endpoint.job_id, token)
+        self._challenge = ""
+        self.hello: Hello | None = None
+        self.done = False
+
+    def on_hello(self, hello: Hello) -> AuthProof | None:
+        """The proof to send, or None when the rank asks for none (then the handshake is done)."""
+        self.hello = hello
+        if hello.auth_required:
+            if not self._token:
+                raise AuthError(f"{self.label} {TOKEN_MISSING} (set {auth.TOKEN_ENV})")
+            self._challenge = auth.new_nonce()
+            return AuthProof(mac=auth.prove(self._token, hello.nonce), nonce=self._challenge)
+        if self._job_owns_token:  # every rank of this job asks for its token: not one of them
+            raise AuthError(f"{self.label} {NOT_THE_RANK} (it asked for none): not the job's rank")
+        self.done = True
+        return None
+
+    def on_result(self, result: AuthResult) -> None:
+        """The rank's verdict on our proof, with its own proof; AuthError unless both hold."""
+        if not result.ok:
+            raise AuthError(f"{self.label} {TOKEN_REFUSED}: {result.reason}")
+        if not self._token or not self._challenge or not auth.verify_server(self._token, self._challenge,
+                                                                             result.mac):
+            raise AuthError(f"{self.label} {NOT_THE_RANK}: not the job's rank")
+        self.done = True
