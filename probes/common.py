@@ -1,94 +1,21 @@
 """Shared set-up for the probes: backend choice, a tiny model, a bounded run time.
 
-Every probe picks nccl when CUDA is available and gloo otherwise, so the same script
-runs unchanged on CPUs and GPUs, and every probe ends by itself within PROBE_SECONDS
-(env, default 60) so no test can hang on it.
+The helpers live in the package (``ddptop/_demo/train_common.py``) because ``ddptop demo``
+ships its job there; the probes import them from here, as they always did.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from datetime import timedelta
+from ddptop._demo.train_common import (
+    deadline,
+    hold_until_released,
+    setup,
+    small_model,
+    step_sleep,
+    stop_together,
+    train_step,
+    wrap_ddp,
+)
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-
-def setup(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
-    """init_process_group with the right backend; returns rank, world size, device."""
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    kwargs = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, **kwargs)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def deadline() -> float:
-    """Monotonic time at which the probe must stop."""
-    return time.monotonic() + float(os.environ.get("PROBE_SECONDS", "60"))
-
-
-def small_model(width: int = 64, classes: int = 10) -> nn.Module:
-    """A small MLP: enough parameters for DDP buckets, fast on one CPU core."""
-    return nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, classes))
-
-
-def wrap_ddp(model: nn.Module, device: torch.device) -> DDP:
-    """*model* on *device* in DDP (device_ids only on GPUs, as DDP requires)."""
-    return DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               device: torch.device) -> torch.Tensor:
-    """One DDP step; backward() is where DDP's bucketed all-reduces run."""
-    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return loss
-
-
-def step_sleep() -> float:
-    """Per-step pause (PROBE_STEP_SLEEP, s) so CPU jobs do not saturate small machines."""
-    return float(os.environ.get("PROBE_STEP_SLEEP", "0.02"))
-
-
-def stop_together(end: float, device: torch.device) -> bool:
-    """True on every rank once any rank is past *end* (monotonic), decided by an all-reduce.
-
-    Each rank checking only its own clock stops a step earlier or later than its peers
-    (their deadlines differ by their start-up), and leaves them in a collective it never
-    joins: a hang at the end of every probe. Call it once per step, on every rank.
-    """
-    flag = torch.tensor([1.0 if time.monotonic() > end else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
-
-
-def hold_until_released(end: float) -> None:
-    """After training: mark this rank as done and wait for the test to release it.
-
-    The framework probes keep their final numbers on show: each rank writes
-    ``$PROBE_RELEASE.held<rank>`` and waits (bounded by *end*, monotonic) until the file
-    ``$PROBE_RELEASE`` appears. Without PROBE_RELEASE it returns at once. No collective
-    runs while ranks wait, so a rank released first cannot hang its peers.
-    """
-    release = os.environ.get("PROBE_RELEASE", "")
-    if not release:
-        return
-    rank = os.environ.get("RANK", "0")
-    with open(f"{release}.held{rank}", "w") as marker:
-        marker.write(f"{time.time()}\n")
-    while not os.path.exists(release) and time.monotonic() < end:
-        time.sleep(0.05)  # polling a file: the test's release is the condition
+__all__ = ["deadline", "hold_until_released", "setup", "small_model", "step_sleep", "stop_together",
+           "train_step", "wrap_ddp"]

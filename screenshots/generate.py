@@ -28,11 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PROBES = ROOT / "probes"
 sys.path.insert(0, str(ROOT))
 
 from textual.pilot import Pilot  # noqa: E402
 
-from ddptop.cli.demo import PROBES, start_job, stop_job, wait_for_ranks  # noqa: E402
+from ddptop.cli.demo import start_job, stop_job, wait_for_ranks  # noqa: E402
 from ddptop.client.live import LiveSource  # noqa: E402
 from ddptop.client.targets import resolve  # noqa: E402
 from ddptop.tui.app import DdptopApp  # noqa: E402

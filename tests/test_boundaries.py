@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,28 @@ def test_launch_imports_prometheus_client_only_to_serve_metrics() -> None:
     """A launch without ``--metrics-port`` pays nothing for metrics (nor does a rank)."""
     assert "prometheus_client" not in _modules_after("import ddptop.cli.launch, ddptop.agent.node")
     assert "prometheus_client" in _modules_after("import ddptop.agent.metrics")
+
+
+def test_the_wheel_ships_what_runs_without_a_checkout(tmp_path: Path) -> None:
+    """`pip install ddptop` then `ddptop demo`, `ddptop launch`: the demo's job, the injected
+    sitecustomize, the node agent and the styles are in the wheel (built from a copy of the
+    tracked files, so the checkout is never written)."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           check=True).stdout.split()
+    src = tmp_path / "src"
+    for name in files:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+             "-w", str(tmp_path / "dist"), str(src)]
+    res = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("ddptop-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("ddptop/_demo/unseeded_split.py", "ddptop/_demo/train_common.py",
+                   "ddptop/_inject/sitecustomize.py", "ddptop/agent/node.py", "ddptop/agent/metrics.py",
+                   "ddptop/job_token.py", "ddptop/py.typed"):
+        assert needed in names, needed
+    assert any(n.endswith(".tcss") for n in names)
+    assert not any(n.startswith(("tests/", "probes/", "bench/")) for n in names)

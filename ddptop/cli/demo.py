@@ -1,6 +1,7 @@
 """``ddptop demo``: a real 4-rank CPU job with a planted fault, and the dashboard on it.
 
-The job is failure F5 of the catalog (``probes/unseeded_split.py``: an unseeded split
+The job is failure F5 of the catalog (``ddptop/_demo/unseeded_split.py``, shipped in the
+package so that the demo works after ``pip install``: an unseeded split
 gives ranks different batches per epoch; at the end of the shortest epoch one rank
 "saves" with an all_gather while the others sit in DDP's all_reduce). It runs under
 ``ddptop launch`` in its own process group, and the whole group is killed when the
@@ -30,8 +31,7 @@ from ddptop.proctree import stop_tree
 
 log = logging.getLogger(__name__)
 
-PROBES = Path(ddptop.__file__).resolve().parent.parent / "probes"
-PROBE_PREFERENCE = ("unseeded_split", "healthy")  # the F5 story first; healthy if it is absent
+DEMO_JOB = Path(ddptop.__file__).resolve().parent / "_demo" / "unseeded_split.py"
 NPROC = 4
 
 
@@ -46,12 +46,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def pick_probe() -> Path:
-    """The fault probe to run (unseeded split, else healthy); UsageError if none exists."""
-    for name in PROBE_PREFERENCE:
-        path = PROBES / f"{name}.py"
-        if path.is_file():
-            return path
-    raise UsageError(f"no demo probe found in {PROBES} (the demo runs from a source checkout)")
+    """The demo's job (F5, the unseeded split), shipped in the package; UsageError if it is gone."""
+    if DEMO_JOB.is_file():
+        return DEMO_JOB
+    raise UsageError(f"the demo's job is missing from this installation: {DEMO_JOB}")
 
 
 def _torchrun() -> str:
