@@ -29,30 +29,63 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=5.0, help="per-rank timeout in seconds")
 
 
-def render_table(snap: JobSnapshot, now: float) -> Table:
-    """The snapshot as a rich table, one row per rank."""
-    table = Table(title=f"job {snap.job.id}: {snap.job.answered}/{snap.job.world_size} ranks, "
-                  f"{snap.job.backend or '?'} on {', '.join(snap.job.hosts) or '?'}")
-    for col in ("rank", "host", "pid", "status", "step", "epoch", "batch", "seq",
-                "pending", "wait", "ready", "cpu", "rss", "gpu", "shm"):
-        table.add_column(col, justify="left" if col in ("host", "status", "pending") else "right")
+# Columns by priority: at 80 columns (a pipe, a narrow terminal) the first ones stay whole
+# and the rest drop out, rather than every column shrinking into unreadable stubs.
+COLUMNS = ("rank", "status", "step", "seq", "pending", "host", "wait", "batch", "ready", "epoch",
+           "cpu", "rss", "pid", "gpu", "shm")
+ALWAYS = 5  # rank, status, step, seq, pending (the reason, for a rank that did not answer)
+LEFT = frozenset(("host", "status", "pending"))
+
+
+def snapshot_rows(snap: JobSnapshot) -> list[dict[str, str]]:
+    """Every rank's cells by column name (ranks that did not answer: their reason as pending)."""
+    rows: list[dict[str, str]] = []
     for s in snap.ranks:
         group = s.collectives[0] if s.collectives else None
         pend = group.pending[0] if group and group.pending else None
-        gpu = f"{s.gpu.util_percent:.0f}%" if s.gpu and s.gpu.util_percent is not None else "-"
-        table.add_row(
-            str(s.rank), s.host, str(s.pid), s.status, str(s.step), str(s.epoch),
-            f"{s.batch}/{s.batches_per_epoch if s.batches_per_epoch is not None else '?'}",
-            str(group.seq) if group else "-",
-            f"{pend.op} #{pend.seq} {human_duration(pend.age_s)}" if pend else "",
-            percent(s.data_wait_fraction),
-            "-" if s.loader_ready_batches is None else str(s.loader_ready_batches),
-            "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%",
-            human_bytes(s.rss_bytes), gpu,
-            f"{human_bytes(s.shm_used_bytes)}/{human_bytes(s.shm_total_bytes)}",
-        )
+        rows.append({
+            "rank": str(s.rank), "host": s.host, "pid": str(s.pid), "status": s.status, "step": str(s.step),
+            "epoch": str(s.epoch),
+            "batch": f"{s.batch}/{s.batches_per_epoch if s.batches_per_epoch is not None else '?'}",
+            "seq": str(group.seq) if group else "-",
+            "pending": f"{pend.op} #{pend.seq} {human_duration(pend.age_s)}" if pend else "",
+            "wait": percent(s.data_wait_fraction),
+            "ready": "-" if s.loader_ready_batches is None else str(s.loader_ready_batches),
+            "cpu": "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%",
+            "rss": human_bytes(s.rss_bytes),
+            "gpu": f"{s.gpu.util_percent:.0f}%" if s.gpu and s.gpu.util_percent is not None else "-",
+            "shm": f"{human_bytes(s.shm_used_bytes)}/{human_bytes(s.shm_total_bytes)}",
+        })
     for rank, reason in snap.job.unreachable.items():
-        table.add_row(str(rank), "", "", "unreachable", "", "", "", "", reason)
+        rows.append({"rank": str(rank), "status": "unreachable", "pending": reason})
+    return rows
+
+
+def fitting_columns(rows: list[dict[str, str]], width: int) -> list[str]:
+    """The columns that fit in *width*, by priority (the first ALWAYS are always kept)."""
+    used = 4  # the table's outer borders
+    chosen: list[str] = []
+    for index, col in enumerate(COLUMNS):
+        natural = max([len(col)] + [len(r.get(col, "")) for r in rows]) + 3  # padding and a rule
+        if col == "pending":
+            natural = min(natural, 30)  # long reasons wrap inside the column instead
+        if index < ALWAYS or used + natural <= width:
+            chosen.append(col)
+            used += natural
+    return chosen
+
+
+def render_table(snap: JobSnapshot, now: float, width: int = 200) -> Table:
+    """The snapshot as a rich table, one row per rank, with the columns that fit in *width*."""
+    table = Table(title=f"job {snap.job.id}: {snap.job.answered}/{snap.job.world_size} ranks, "
+                  f"{snap.job.backend or '?'} on {', '.join(snap.job.hosts) or '?'}")
+    rows = snapshot_rows(snap)
+    columns = fitting_columns(rows, width)
+    for col in columns:
+        table.add_column(col, justify="left" if col in LEFT else "right",
+                         overflow="fold", no_wrap=col not in ("pending", "host"))
+    for row in rows:
+        table.add_row(*(row.get(col, "") for col in columns))
     return table
 
 
@@ -63,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(msgspec.json.encode(snap).decode() + "\n")
     else:
-        Console().print(render_table(snap, time.time()))
+        console = Console()
+        console.print(render_table(snap, time.time(), console.width))
     if snap.job.unreachable:
         raise RankUnreachable(unreachable_summary(snap.job.unreachable, target_hosts(target)))
     return 0
