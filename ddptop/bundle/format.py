@@ -16,7 +16,6 @@ rank-side protocol stays unchanged.
 
 from __future__ import annotations
 
-import logging
 from typing import Literal
 
 import msgspec
@@ -24,8 +23,6 @@ import msgspec
 from ddptop.diagnosis.finding import Finding
 from ddptop.protocol import ConnectionEvent, RankExit, RecordEntry
 from ddptop.wire import MAX_FRAME_BYTES as MAX_FRAME_BYTES  # one frame limit, sockets and files
-
-log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 GZIP_MAGIC = b"\x1f\x8b"

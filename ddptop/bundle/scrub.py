@@ -7,15 +7,11 @@ key could hide under an innocent name.
 
 from __future__ import annotations
 
-import logging
-
 import msgspec
 
 from ddptop.bundle.format import CrashFile, FindingsRecord, Frame
 from ddptop.protocol import ConnectionEvent, ErrorMsg, FrTraceMsg, RankState, RecordEntry, StateMsg
 from ddptop.secrets_filter import MASK, filter_env, is_secret_name, mask_value
-
-log = logging.getLogger(__name__)
 
 
 def scrub_env(env: dict[str, str]) -> dict[str, str]:

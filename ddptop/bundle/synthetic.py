@@ -8,14 +8,10 @@ recorder or an export writes them, puts a realistic launcher environment in ever
 
 from __future__ import annotations
 
-import logging
-
 import msgspec
 
 from ddptop.protocol import FrTraceMsg, HistoryMsg, RankState, RecordEntry, StacksMsg, StateMsg
 from ddptop.synthetic import FakeRanks
-
-log = logging.getLogger(__name__)
 
 JOB_ID = "synthetic"
 BASE_ENV = {

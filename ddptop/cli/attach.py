@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 from ddptop import auth
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
-
-log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

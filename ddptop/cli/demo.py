@@ -11,7 +11,6 @@ dashboard quits, also on errors and Ctrl-C, so the demo never leaves processes b
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import subprocess
@@ -28,8 +27,6 @@ from ddptop.client.targets import JobTarget, resolve
 from ddptop.errors import DdptopError, TargetNotFound, UsageError
 from ddptop.model.job import JobModel
 from ddptop.proctree import stop_tree
-
-log = logging.getLogger(__name__)
 
 DEMO_JOB = Path(ddptop.__file__).resolve().parent / "_demo" / "unseeded_split.py"
 NPROC = 4

@@ -9,15 +9,12 @@ the black-box record its node agent kept.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from ddptop.bundle.export import export_bundle, export_record
 from ddptop.client.collect import target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
-
-log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -17,8 +17,6 @@ from types import ModuleType
 from ddptop import __version__
 from ddptop.errors import DdptopError, exit_code_for
 
-log = logging.getLogger(__name__)
-
 # verb -> (module, one-line help). Public interface: add verbs, never rename.
 VERBS: dict[str, tuple[str, str]] = {
     "launch": ("ddptop.cli.launch", "run a command (torchrun ...) with the reporter in every rank"),

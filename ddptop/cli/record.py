@@ -8,7 +8,6 @@ second. It stops when every rank is lost, exited or crashed, or on Ctrl-C / SIGT
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -23,9 +22,6 @@ from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, RecordEntry
 from ddptop.status import ENDED
-
-log = logging.getLogger(__name__)
-
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 import time
 from pathlib import Path
@@ -16,8 +15,6 @@ from pathlib import Path
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.client.targets import resolve
 from ddptop.errors import TargetNotFound, UsageError
-
-log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

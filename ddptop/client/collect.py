@@ -7,7 +7,6 @@ crash files from the runtime directory.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +26,6 @@ from ddptop.protocol import FrameStack, RankState, RecordEntry, StacksMsg, State
 from ddptop.remains import crash_signal, read_stuck
 from ddptop.status import Status
 from ddptop.textfmt import rank_ranges
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_PARALLEL = 32

@@ -7,7 +7,6 @@ thread). Every failure is a :class:`ProtocolError` / :class:`AuthError` /
 
 from __future__ import annotations
 
-import logging
 import socket
 from collections.abc import Iterator
 from typing import TypeVar
@@ -27,8 +26,6 @@ from ddptop.protocol import (
     StateMsg,
 )
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -22,8 +21,6 @@ from ddptop.agent import jobrecord
 from ddptop.agent.jobrecord import JobRecord
 from ddptop.discovery import Endpoint
 from ddptop.errors import TargetNotFound, UsageError
-
-log = logging.getLogger(__name__)
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[^\]]+\]|[^:]+):(?P<port>\d{1,5})$")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import logging
 from collections.abc import Iterable, Sequence
 
 from ddptop.diagnosis.config import DiagnosisConfig
@@ -12,9 +11,6 @@ from ddptop.protocol import CollectiveGroup, PendingOp, RankState, Sample
 from ddptop.status import ACTIVE
 from ddptop.status import ENDED as GONE
 from ddptop.textfmt import human_duration, rank_ranges
-
-log = logging.getLogger(__name__)
-
 
 __all__ = [
     "ACTIVE",

@@ -11,14 +11,11 @@ Flight Recorder analysis does.
 
 from __future__ import annotations
 
-import logging
 import statistics
 from dataclasses import dataclass
 
 from ddptop.diagnosis.common import group
 from ddptop.model.snapshot import JobSnapshot
-
-log = logging.getLogger(__name__)
 
 MIN_COMMON_SEQS = 4  # milestones every compared rank reported
 

@@ -8,7 +8,6 @@ age, and "every rank in the same collective, young" is a legitimately slow save.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from dataclasses import dataclass
 
@@ -17,8 +16,6 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
-
-log = logging.getLogger(__name__)
 
 _UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
 

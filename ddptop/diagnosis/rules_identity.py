@@ -6,7 +6,6 @@ compare fingerprints across ranks.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 
 from ddptop.diagnosis.common import ranks_text
@@ -14,8 +13,6 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import ParamFingerprint, RankState, Sample
-
-log = logging.getLogger(__name__)
 
 
 def param_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,

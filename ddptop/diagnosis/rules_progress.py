@@ -7,7 +7,6 @@ input_bound judge a window of history, so that one slow sample never raises an a
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 
 from ddptop.diagnosis.common import (
@@ -24,8 +23,6 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.lateness import entry_lateness
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
-
-log = logging.getLogger(__name__)
 
 
 def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,

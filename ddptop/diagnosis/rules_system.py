@@ -6,7 +6,6 @@ software versions): the environment problems behind catalog F1, F3 and F4.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter, defaultdict
 
 from ddptop.diagnosis.common import active, ranks_text
@@ -15,8 +14,6 @@ from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 from ddptop.textfmt import human_bytes
-
-log = logging.getLogger(__name__)
 
 
 def _by_host(snapshot: JobSnapshot) -> dict[str, list[RankState]]:

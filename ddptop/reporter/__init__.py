@@ -8,15 +8,12 @@ escapes the hooks.
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
 import threading
 
 from ddptop.reporter.torch_import import when_imported
-
-log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _reporter: object | None = None

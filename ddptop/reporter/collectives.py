@@ -21,15 +21,12 @@ fields used), and enqueue milestones are taken only from entries not seen before
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from typing import Any
 
 import msgspec
 
 from ddptop.protocol import ENQUEUE_STRIDE, CollectiveGroup, PendingOp
-
-log = logging.getLogger(__name__)
 
 ENQUEUE_TIMES_KEPT = 64  # milestones per group sent to viewers (~1 KB)
 # Seqs the default group must advance before the first timing read (enough milestones).

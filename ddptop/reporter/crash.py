@@ -13,7 +13,6 @@ fork the child therefore writes into a file of its own, ``<job>.<rank>.w<pid>.cr
 from __future__ import annotations
 
 import faulthandler
-import logging
 import os
 import signal
 import sys
@@ -23,8 +22,6 @@ from types import TracebackType
 from typing import IO, Any
 
 from ddptop import remains
-
-log = logging.getLogger(__name__)
 
 DUMP_SIGNAL = signal.SIGUSR2
 

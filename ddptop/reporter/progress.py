@@ -9,15 +9,12 @@ them into rates; a torn read costs one slightly wrong sample, never a crash.
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ddptop.reporter.loaders import LoaderRecord, patch_dataloader
-
-log = logging.getLogger(__name__)
 
 _perf = time.perf_counter
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 Callback = Callable[[ModuleType], None]
 

@@ -10,15 +10,12 @@ rank only *lags* when it is behind the leader and its own counter has stopped mo
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from ddptop.model.job import JobModel
 from ddptop.protocol import PendingOp, RankState
-
-log = logging.getLogger(__name__)
 
 STUCK_AFTER_S = 2.0  # a counter that has not moved for this long (rank's own clock) is stuck
 

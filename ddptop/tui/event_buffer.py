@@ -7,13 +7,10 @@ fast events arrive (and the message's ``can_replace`` folds any that still pile 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 
 from ddptop.source import Event
-
-log = logging.getLogger(__name__)
 
 MAX_PENDING = 200_000  # beyond this (UI stalled for long), drop the oldest: state is refreshed anyway
 

@@ -7,7 +7,6 @@ in a worker thread (a bundle asks every rank for history, stacks and FR traces).
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,6 @@ import msgspec
 from ddptop.model.job import JobModel
 from ddptop.source import JobSource
 from ddptop.tui.findings import findings
-
-log = logging.getLogger(__name__)
 
 
 def _bundle_exporter() -> Any | None:

@@ -6,7 +6,6 @@ what a row says (and which style class colours it) is testable without a termina
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,8 +14,6 @@ from ddptop.model.job import JobModel, RankView
 from ddptop.status import Status
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
 from ddptop.tui.desync import RankFacts, facts_of, leads_of, marks_of
-
-log = logging.getLogger(__name__)
 
 BAR_CELLS = 8
 

@@ -8,13 +8,10 @@ innermost frame of user code, which is what a person recognises.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from ddptop.protocol import FrameStack, StacksMsg, ThreadStack
 from ddptop.textfmt import rank_ranges
-
-log = logging.getLogger(__name__)
 
 SUMMARY_FUNCS = 3  # innermost function names in a one-line summary
 _LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -17,8 +16,6 @@ from ddptop.model.job import RankView
 from ddptop.protocol import LoaderInfo
 from ddptop.textfmt import human_bytes, human_duration, percent
 from ddptop.tui.stack_groups import main_thread
-
-log = logging.getLogger(__name__)
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
-
-log = logging.getLogger(__name__)
 
 
 class FilterPrompt(ModalScreen[str | None]):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -10,8 +9,6 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
-
-log = logging.getLogger(__name__)
 
 HELP_TEXT = """\
 [b]ddptop keys[/b]

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 from rich.text import Text
 from textual.widgets import Static
 
 from ddptop.diagnosis.finding import Finding
 from ddptop.textfmt import rank_ranges
-
-log = logging.getLogger(__name__)
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _SYMBOL = {"critical": "✖", "warning": "⚠", "info": "i"}

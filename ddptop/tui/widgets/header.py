@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from rich.text import Text
 from textual.widgets import Static
 
@@ -11,8 +9,6 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
 from ddptop.status import ENDED, Status
 from ddptop.textfmt import human_duration, rank_ranges
-
-log = logging.getLogger(__name__)
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 

@@ -8,7 +8,6 @@ the selection, the sort column and the filter, and turns cells into styled segme
 
 from __future__ import annotations
 
-import logging
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -21,8 +20,6 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, RankRow, cells, filter_rows, sort_rows
-
-log = logging.getLogger(__name__)
 
 _LINE_WIDTH = sum(c.width for c in COLUMNS) + len(COLUMNS) + 1
 

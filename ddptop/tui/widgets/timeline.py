@@ -7,7 +7,6 @@ posts :class:`Timeline.Moved` and the app asks the source for ``model_at(t)``.
 from __future__ import annotations
 
 import bisect
-import logging
 import time
 
 from rich.text import Text
@@ -16,8 +15,6 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from ddptop.textfmt import human_duration
-
-log = logging.getLogger(__name__)
 
 SPEEDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 TICK_S = 0.25
