@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ddptop.diagnosis import desync
 from ddptop.protocol import HistoryMsg, RecordEntry, StateMsg
-from ddptop.tui import desync
 from ddptop.tui.findings import findings
 from ddptop.tui.rows import (
     RowBuilder,

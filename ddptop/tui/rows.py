@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddptop.diagnosis.desync import RankFacts, facts_of, leads_of, marks_of
 from ddptop.model.job import JobModel, RankView
 from ddptop.status import Status
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
-from ddptop.tui.desync import RankFacts, facts_of, leads_of, marks_of
 
 BAR_CELLS = 8
 
