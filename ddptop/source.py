@@ -9,7 +9,7 @@ through its constructor and never knows which one it has (memray's live/replay s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, FrTraceMsg, RecordEntry, StacksMsg
@@ -48,6 +48,7 @@ class JobSource(Protocol):
         ...
 
 
+@runtime_checkable
 class ReplayableSource(JobSource, Protocol):
     """A source over a finished recording: the app asks for the job at any moment.
 
@@ -64,4 +65,8 @@ class ReplayableSource(JobSource, Protocol):
 
     def event_times(self) -> list[float]:
         """Times at which anything was recorded, ascending (for stepping)."""
+        ...
+
+    def first_finding_time(self) -> float | None:
+        """Earliest moment the diagnosis reports a warning or worse (None if never)."""
         ...

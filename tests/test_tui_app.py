@@ -11,12 +11,15 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from ddptop.model.job import JobModel
+from ddptop.bundle.format import SCHEMA_VERSION, Manifest
+from ddptop.bundle.replay_source import ReplaySource
+from ddptop.bundle.writer import BundleWriter
 from ddptop.tui.app import GC_THRESHOLD_0, DdptopApp
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.widgets.rank_table import RankTable
-from tests.probes_tui.fakes import NOW, FakeSource, entries, lost, model_of, stack, state
+from ddptop.tui.widgets.timeline import Timeline
+from tests.probes_tui.fakes import NOW, FakeSource, entries, lost, stack, state
 
 SIZE = (160, 45)
 
@@ -140,43 +143,36 @@ def test_detail_opens_and_export_writes_json(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
-class FakeReplay(FakeSource):
-    """A replayable source: rank 1 goes from healthy (t0) to lost (t0+10)."""
-
-    live = False
-    description = "fake recording"
-
-    def __init__(self) -> None:
-        super().__init__([])
-        self.start_time, self.end_time = NOW, NOW + 10
-        self.asked: list[float] = []
-
-    def model_at(self, t: float) -> JobModel:
-        self.asked.append(t)
-        model = model_of([state(r, t=t) for r in range(4)], at=t)
-        if t >= NOW + 10:
-            model.apply(lost(1, t))
-        return model
-
-    def event_times(self) -> list[float]:
-        return [NOW, NOW + 5, NOW + 10]
+def recording_of_a_lost_rank(path: Path) -> Path:
+    """A real recording (the writer ``ddptop record`` uses): four healthy ranks at t0 and
+    t0+5; at t0+10 rank 1's connection is lost while the others go on."""
+    manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=NOW - 1, job_id="rp",
+                        world_size=4, ddptop_version="test")
+    writer = BundleWriter(path, manifest)
+    for t in (NOW, NOW + 5):
+        for event in entries([state(r, t=t) for r in range(4)], at=t):
+            writer.write(event)
+    for event in entries([state(r, t=NOW + 10) for r in (0, 2, 3)], at=NOW + 10):
+        writer.write(event)
+    writer.write(lost(1, NOW + 10))
+    writer.close("test")
+    return path
 
 
-def test_replay_timeline_asks_model_at() -> None:
+def test_replay_timeline_moves_through_a_real_recording(tmp_path: Path) -> None:
     async def go() -> None:
-        src = FakeReplay()
+        src = ReplaySource(recording_of_a_lost_rank(tmp_path / "rp.ddptop"))
         app = DdptopApp(src, clock=lambda: 0.0)
+        assert app.recording is src  # typed as a replayable source, not guessed
         async with app.run_test(size=SIZE) as pilot:
             table = app.query_one(RankTable)
-            await until(pilot, lambda: len(table.shown_rows) == 4)
-            assert {r.rank: r.status for r in table.shown_rows}[1] == "lost"
-            await pilot.press("left")
-            await until(pilot, lambda: src.asked[-1] == NOW + 5)
-            await pilot.press("left", "left")
-            await until(pilot, lambda: src.asked[-1] == NOW)
-            assert {r.rank: r.status for r in table.shown_rows}[1] == "running"
-            await pilot.press("f")  # first finding: the lost rank at NOW+10
-            await until(pilot, lambda: src.asked[-1] == NOW + 10)
+            status = lambda: {r.rank: r.status for r in table.shown_rows}.get(1)  # noqa: E731
+            await until(pilot, lambda: len(table.shown_rows) == 4 and status() == "lost")
+            await pilot.press("home")
+            await until(pilot, lambda: status() == "running")
+            await pilot.press("f")  # first finding: the lost rank at t0+10
+            await until(pilot, lambda: status() == "lost")
+            assert app.query_one(Timeline).t >= NOW + 10
             assert "REPLAY" in str(app.query_one("#header", Static).render())
 
     asyncio.run(go())

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -26,7 +26,7 @@ from textual.widgets import Footer
 
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel, RankView
-from ddptop.source import JobSource
+from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
 from ddptop.tui.findings import findings, worst
@@ -48,7 +48,6 @@ FINDINGS_EVERY_S = 1.0  # at most this often (longer when a diagnosis takes long
 # below it, it costs a few ms and runs inline (deterministic for tests and replay).
 BACKGROUND_FINDINGS_RANKS = 256
 GC_THRESHOLD_0 = 50_000  # allocations between young collections (CPython's default: 700)
-FIRST_FINDING_PROBES = 400  # replay: at most this many moments examined by `f`
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
 
@@ -94,7 +93,10 @@ class DdptopApp(App[int]):
         self.clock = clock
         self.redraw_interval = redraw_interval
         self.export_dir = export_dir
-        self.replay = callable(getattr(source, "model_at", None))
+        # The source is typed by what it can do (memray's live/replay split): a replayable
+        # one answers model_at(t) and the app drives a timeline over it.
+        self.recording: ReplayableSource | None = source if isinstance(source, ReplayableSource) else None
+        self.replay = self.recording is not None
         self.model = JobModel()
         self.findings: list[Finding] = []
         self.paused = False
@@ -117,8 +119,8 @@ class DdptopApp(App[int]):
         yield JobHeader(id="header")
         yield RankTable(id="ranks")
         yield FindingsPanel(id="findings")
-        if self.replay:
-            src: Any = self.source
+        if self.recording is not None:
+            src = self.recording
             yield Timeline(src.start_time, src.end_time, list(src.event_times()), id="timeline")
         yield Footer()
 
@@ -231,9 +233,10 @@ class DdptopApp(App[int]):
                                        "replay" if self.replay else "live", self.paused)
 
     def _load_moment(self, t: float) -> None:
-        src: Any = self.source
+        if self.recording is None:
+            return
         try:
-            self.model = src.model_at(t)
+            self.model = self.recording.model_at(t)
         except Exception as exc:
             self.notify(f"cannot load the moment {t:.1f}: {exc}", severity="error")
             return
@@ -351,23 +354,12 @@ class DdptopApp(App[int]):
         self.notify(f"speed {self.query_one(Timeline).change_speed(delta):g}x", timeout=2)
 
     def action_first_finding(self) -> None:
-        """Replay: jump to the first moment with a warning or worse."""
-        timeline = self.query_one(Timeline)
-        src: Any = self.source
-        if callable(getattr(src, "first_finding_time", None)):  # ReplaySource knows it exactly
-            first = src.first_finding_time()
-            if first is None:
-                self.notify("no finding anywhere in this recording")
-                return
-            timeline.seek(first)
-            self.notify("jumped to the first finding", timeout=5)
+        """Replay: jump to the first moment with a warning or worse (the recording knows it)."""
+        if self.recording is None:
             return
-        times = timeline.times
-        stride = max(1, len(times) // FIRST_FINDING_PROBES)
-        for t in times[::stride]:
-            found = [f for f in findings(src.model_at(t), t) if f.at_least("warning")]
-            if found:
-                timeline.seek(t)
-                self.notify(f"first finding: {found[0].title}", timeout=5)
-                return
-        self.notify("no finding anywhere in this recording")
+        first = self.recording.first_finding_time()
+        if first is None:
+            self.notify("no finding anywhere in this recording")
+            return
+        self.query_one(Timeline).seek(first)
+        self.notify("jumped to the first finding", timeout=5)
