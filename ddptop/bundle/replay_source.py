@@ -8,19 +8,17 @@ events wherever the timeline jumps.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import gc
 import importlib
 import logging
 import os
-from collections import deque
 from collections.abc import Sequence
 
 from ddptop.bundle.format import Event, Manifest
 from ddptop.bundle.reader import Contents, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.diagnosis.finding import Finding
-from ddptop.model.job import HISTORY_LEN, JobModel
+from ddptop.model.job import JobModel
 from ddptop.protocol import FrTraceMsg
 from ddptop.source import Emit, StacksResult
 
@@ -28,14 +26,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 2000
 FINDING_SCAN_POINTS = 240  # moments the first-finding search evaluates, at most
-
-
-def copy_model(model: JobModel) -> JobModel:
-    """An independent copy of *model* (states are shared: nothing mutates them)."""
-    ranks = {r: dataclasses.replace(v, history=deque(v.history, maxlen=HISTORY_LEN))
-             for r, v in model.ranks.items()}
-    return JobModel(job_id=model.job_id, world_size=model.world_size, ranks=ranks,
-                    first_time=model.first_time, last_time=model.last_time)
 
 
 def findings_at(model: JobModel, now: float) -> list[Finding] | None:
@@ -84,11 +74,11 @@ class ReplaySource:
 
     def _fold(self, events: Sequence[Event]) -> JobModel:
         model = JobModel(job_id=self.manifest.job_id, world_size=self.manifest.world_size)
-        self._checkpoints = [copy_model(model)]
+        self._checkpoints = [model.copy()]
         for i, event in enumerate(events, 1):
             model.apply(event)
             if i % self._every == 0:
-                self._checkpoints.append(copy_model(model))
+                self._checkpoints.append(model.copy())
         return model
 
     # ------------------------------------------------------------ JobSource
@@ -137,9 +127,9 @@ class ReplaySource:
         self.seek(t)
         n = bisect.bisect_right(self._times, t)
         if n == len(self._times):
-            return copy_model(self._final)
+            return self._final.copy()
         index = min(n // self._every, len(self._checkpoints) - 1)
-        model = copy_model(self._checkpoints[index])
+        model = self._checkpoints[index].copy()
         for event in self.contents.events[index * self._every : n]:
             model.apply(event)
         return model

@@ -8,6 +8,7 @@ terminal here: every time is passed in.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -201,6 +202,14 @@ class JobModel:
             if rank not in self.ranks:
                 unreachable[rank] = "never seen"
         return build_snapshot(self.job_id, self.world_size, states, unreachable, now)
+
+    def copy(self) -> JobModel:
+        """An independent copy (states are shared: nothing mutates them), for another thread
+        or a replay checkpoint."""
+        ranks = {r: dataclasses.replace(v, history=deque(v.history, maxlen=HISTORY_LEN))
+                 for r, v in self.ranks.items()}
+        return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
+                        first_time=self.first_time, last_time=self.last_time)
 
     def histories(self) -> dict[int, list[Sample]]:
         """Every rank's samples, oldest first."""

@@ -284,11 +284,13 @@ class DdptopApp(App[int]):
     def action_export(self) -> None:
         """Export in a worker thread; report the file or the error."""
         self.notify("exporting…")
-        self.run_worker(self._export, thread=True, exclusive=True, group="export")
+        # The worker gets a copy: the UI thread keeps folding events into self.model.
+        model, now = self.model.copy(), self.now()
+        self.run_worker(lambda: self._export(model, now), thread=True, exclusive=True, group="export")
 
-    def _export(self) -> None:
+    def _export(self, model: JobModel, now: float) -> None:
         try:
-            _path, line = exporting.export(self.source, self.model, self.now(), self.export_dir)
+            _path, line = exporting.export(self.source, model, now, self.export_dir)
         except Exception as exc:
             log.warning("export failed: %s", exc)
             self.call_from_thread(self.notify, f"export failed: {exc}", severity="error", timeout=15)
