@@ -21,10 +21,10 @@ from ddptop import __version__, auth, discovery
 from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, Event, FindingsRecord, HostFacts, Manifest
 from ddptop.bundle.reader import build_model, end_time
 from ddptop.bundle.record_dir import read_recording
-from ddptop.bundle.replay_source import findings_at
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget, resolve
+from ddptop.diagnosis import findings_for_model
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
 from ddptop.protocol import ConnectionEvent, FrTraceMsg, HistoryMsg, RankState, RecordEntry
@@ -261,10 +261,8 @@ def write_bundle(path: str | os.PathLike[str], manifest: Manifest, events: list[
 
 def _findings(model: JobModel, now: float) -> FindingsRecord:
     try:
-        found = findings_at(model, now)
+        found = findings_for_model(model, now)
     except Exception as exc:  # the bundle matters more than a diagnosis bug
         log.warning("diagnosis failed during export: %s", exc)
         return FindingsRecord(time=now, error=f"diagnosis failed: {exc}")
-    if found is None:
-        return FindingsRecord(time=now, error="diagnosis not available in this ddptop")
     return FindingsRecord(time=now, findings=found)

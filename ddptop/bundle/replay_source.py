@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import importlib
 import logging
 import os
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 from ddptop.bundle.format import Event, Manifest
 from ddptop.bundle.reader import Contents, end_time
 from ddptop.bundle.record_dir import read_recording
-from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis import findings_for_model
 from ddptop.model.job import JobModel
 from ddptop.protocol import FrTraceMsg
 from ddptop.source import Emit, StacksResult
@@ -26,20 +25,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_EVERY = 2000
 FINDING_SCAN_POINTS = 240  # moments the first-finding search evaluates, at most
-
-
-def findings_at(model: JobModel, now: float) -> list[Finding] | None:
-    """The diagnosis of *model* at *now*, or None if the diagnosis is not available."""
-    try:
-        diagnosis = importlib.import_module("ddptop.diagnosis")
-    except ImportError:
-        return None
-    rule = getattr(diagnosis, "findings_for_model", None)
-    if rule is None:
-        return None
-    result = rule(model, now)
-    found = getattr(result, "findings", result)
-    return [f for f in found if isinstance(f, Finding)]
 
 
 class ReplaySource:
@@ -167,9 +152,6 @@ class ReplaySource:
 
     def _scan(self, times: list[float], indices: Sequence[int]) -> int | None:
         for i in indices:
-            found = findings_at(self.model_at(times[i]), times[i])
-            if found is None:
-                return None
-            if any(f.at_least("warning") for f in found):
+            if any(f.at_least("warning") for f in findings_for_model(self.model_at(times[i]), times[i])):
                 return i
         return None

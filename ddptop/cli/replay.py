@@ -7,14 +7,13 @@ check a file. A damaged recording opens up to the damage, with a warning on stde
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 from pathlib import Path
 
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.client.targets import resolve
-from ddptop.errors import TargetNotFound, UsageError
+from ddptop.errors import TargetNotFound
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,14 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.info:
         print(describe(source))
         return 0
-    try:
-        app_module = importlib.import_module("ddptop.tui.app")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("ddptop.tui"):
-            raise UsageError("the dashboard is not available in this ddptop (try --info)") from None
-        raise
-    app_class = getattr(app_module, "DdptopApp", None)
-    if app_class is None:
-        raise UsageError("the dashboard is not available in this ddptop (try --info)")
-    app_class(source=source).run()
+    from ddptop.tui.app import DdptopApp  # textual only when a dashboard is wanted
+
+    DdptopApp(source=source).run()
     return 0
