@@ -2,7 +2,7 @@
 
     python bench/blackbox_bench.py [--seconds 40] [--ranks 8 64] [--cap-run-seconds 60]
 
-For each rank count a synthetic job (``ddptop.synthetic``: real reporter servers, real
+For each rank count a synthetic job (``ddptop.testing.synthetic``: real reporter servers, real
 protocol, discovery records, one process) runs at 1 Hz, and the node agent
 (``python -m ddptop.agent``, the process ``ddptop.install()`` spawns and the same
 ``NodeAgent`` that ``ddptop launch`` runs) records it. Measured from outside:
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddptop.synthetic_process import run_in_subprocess
+from ddptop.testing.synthetic_process import run_in_subprocess
 
 
 def dir_bytes(path: Path) -> int:

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ddptop import __version__
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.replay_source import ReplaySource
-from ddptop.bundle.synthetic import bundle_events, recording_events
 from ddptop.bundle.writer import BundleWriter
+from ddptop.testing.bundles import bundle_events, recording_events
 
 WORLD, SECONDS = 64, 600
 

@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 from ddptop.bundle import format as fmt
 from ddptop.bundle.reader import read_file
-from ddptop.bundle.synthetic import recording_events
 from ddptop.bundle.writer import BundleWriter
 from ddptop.errors import BundleError
 from ddptop.protocol import ConnectionEvent, FrTraceMsg, RecordEntry
+from ddptop.testing.bundles import recording_events
 from ddptop.wire import LENGTH, header_bytes
 
 OLD = {"FRAMES_FREE": 5_000_000, "MIN_FILE_BYTES_PER_FRAME": 1 << 60, "BYTES_FREE": 2 << 30,

@@ -2,7 +2,7 @@
 
     python bench/metrics_bench.py [--seconds 30] [--ranks 8 64] [--rounds 2] [--scrape-every 1]
 
-For each rank count a synthetic job (``ddptop.synthetic``: real reporter servers, real
+For each rank count a synthetic job (``ddptop.testing.synthetic``: real reporter servers, real
 protocol, one process) runs at 1 Hz under the node agent (``python -m ddptop.agent
 --metrics-port 127.0.0.1:0``, the same ``NodeAgent`` that ``ddptop launch`` runs). Runs
 alternate A/B in one invocation (the machine is shared and noisy): A is never scraped, B
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddptop.synthetic_process import run_in_subprocess
+from ddptop.testing.synthetic_process import run_in_subprocess
 
 URL = re.compile(r"metrics at (http://\S+/metrics)")
 

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/tui_scale.py [--ranks 64,1024,4096] [--window 5]``.
 
-For each size a synthetic job (``ddptop.synthetic``, 1 s sample interval, real sockets)
+For each size a synthetic job (``ddptop.testing.synthetic``, 1 s sample interval, real sockets)
 runs in a SUBPROCESS, so its CPU is not counted here. Then:
 
 * ingest: a LiveSource feeds a JobModel (``apply`` in the emit callback, as the app's
@@ -40,7 +40,7 @@ from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
 from ddptop.source import Event
-from ddptop.synthetic import ensure_fd_limit, run_in_subprocess
+from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
 
 REDRAW_TARGET_MS, KEY_TARGET_MS = 50.0, 100.0
 

@@ -23,6 +23,10 @@ from ddptop.errors import RuntimeDirError
 log = logging.getLogger(__name__)
 
 RUNTIME_ENV = "DDPTOP_RUNTIME_DIR"
+# Keys in the job's TCPStore: ranks publish under them (reporter.store_publish), viewers on
+# other hosts read them (client.targets). Here so that neither side imports the other.
+STORE_KEY_PREFIX = "ddptop/endpoint/"
+STORE_WORLD_KEY = "ddptop/world_size"
 _SAFE_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import BinaryIO, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -142,20 +142,3 @@ class FrameBuffer(FrameParser[Message]):
         self.append(data)
         return list(self.frames())
 
-
-def iter_stream(stream: BinaryIO, limit: int = MAX_FRAME_BYTES, chunk: int = 1 << 16) -> Iterator[Message]:
-    """Yield messages from a blocking stream that starts with a header.
-
-    A stream that ends cleanly between frames simply stops. A stream cut inside a frame
-    (a killed recorder) raises ProtocolError *after* every complete frame was yielded,
-    so callers keep everything up to the damage.
-    """
-    parser = FrameBuffer(limit=limit)
-    while data := stream.read(chunk):
-        parser.append(data)
-        yield from parser.frames()
-    if not parser.header_seen:
-        check_header(bytes(parser._buf))  # says why: foreign, or cut inside the header
-    if parser.pending_bytes:
-        raise ProtocolError(f"stream ended inside a frame ({parser.pending_bytes} bytes after "
-                            f"frame {parser.decoded})")

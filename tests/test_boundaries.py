@@ -92,6 +92,22 @@ def test_import_linter_contract() -> None:
     res = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "KEPT" in res.stdout and "BROKEN" not in res.stdout
+    assert "Production code never imports the test kit KEPT" in res.stdout
+    assert "bundle and client never import the reporter KEPT" in res.stdout
+
+
+@pytest.mark.parametrize("code", [
+    "import ddptop.cli.main, ddptop.cli.demo, ddptop.cli.export, ddptop.cli.replay",
+    "import ddptop.tui.app, ddptop.agent.node, ddptop.bundle.export, ddptop.client.collect",
+])
+def test_the_product_never_loads_the_test_kit(code: str) -> None:
+    """Fakes stay out of what users run: the viewer, the agent and the CLI load no
+    ``ddptop.testing`` module, and bundle/client code loads no reporter module."""
+    loaded = _modules_after(code)
+    assert "ddptop.cli.main" in loaded or "ddptop.tui.app" in loaded
+    assert sorted(m for m in loaded if m.startswith("ddptop.testing")) == []
+    if "ddptop.cli.main" not in loaded:  # the CLI's launch verb may load the rank side
+        assert sorted(m for m in loaded if m.startswith("ddptop.reporter")) == []
 
 
 def test_launch_imports_prometheus_client_only_to_serve_metrics() -> None:

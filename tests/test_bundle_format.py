@@ -15,10 +15,10 @@ from ddptop.bundle import format as fmt
 from ddptop.bundle.format import CrashFile, Manifest
 from ddptop.bundle.reader import load_model, read_file
 from ddptop.bundle.replay_source import ReplaySource
-from ddptop.bundle.synthetic import BASE_ENV, bundle_events, recording_events
 from ddptop.bundle.writer import BundleWriter
 from ddptop.errors import BundleError
 from ddptop.protocol import HistoryMsg, RecordEntry, Sample
+from ddptop.testing.bundles import BASE_ENV, bundle_events, recording_events
 from ddptop.wire import LENGTH, header_bytes
 from tests.jobs import ddptop_cmd
 

@@ -163,8 +163,8 @@ def test_bundle_reader_any_bytes(data: bytes) -> None:
 def _valid_recording() -> bytes:
     from ddptop.bundle import format as fmt
     from ddptop.bundle.format import Manifest
-    from ddptop.bundle.synthetic import recording_events
     from ddptop.bundle.writer import BundleWriter
+    from ddptop.testing.bundles import recording_events
 
     path = _tmp / "valid.ddptop"
     writer = BundleWriter(path, Manifest(schema_version=fmt.SCHEMA_VERSION, kind="recording", created=1.0,

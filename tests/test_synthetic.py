@@ -28,7 +28,7 @@ from ddptop.model.job import LOST, JobModel
 from ddptop.protocol import Request, StateMsg
 from ddptop.reporter.collectives import pending_from_fr
 from ddptop.source import Event
-from ddptop.synthetic import FakeRanks, SyntheticJob, ensure_fd_limit, run_in_subprocess
+from ddptop.testing.synthetic import FakeRanks, SyntheticJob, ensure_fd_limit, run_in_subprocess
 from ddptop.wire import HEADER, LENGTH, encode_frame, header_bytes
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -124,14 +124,12 @@ def _from_store(target: str, timeout_s: float) -> JobTarget:
             "reading a job's TCPStore (HOST:PORT) needs torch on this machine; "
             "name a job id on the rank's host instead"
         ) from None
-    from ddptop.reporter.store_publish import KEY_PREFIX, WORLD_KEY
-
     try:
         store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
                          wait_for_workers=False)
         store.set_timeout(timedelta(seconds=timeout_s))
-        world = int(store.get(WORLD_KEY))
-        keys = [KEY_PREFIX + str(r) for r in range(world)]
+        world = int(store.get(discovery.STORE_WORLD_KEY))
+        keys = [discovery.STORE_KEY_PREFIX + str(r) for r in range(world)]
         found = [k for k in keys if store.check([k])]
         endpoints = [Endpoint.from_json(store.get(k)) for k in found]
     except Exception as exc:

@@ -9,7 +9,7 @@ everything refused is counted. A peer that sends garbage, an oversized frame or 
 version is dropped with one log line; nobody else is affected.
 
 A ``ServerLoop`` (one selector) drives any number of servers: a rank's server makes its
-own, the synthetic job (``ddptop.synthetic``) shares one among thousands of fake ranks,
+own, the synthetic job (``ddptop.testing.synthetic``) shares one among thousands of fake ranks,
 so the protocol, auth and limits exist only here.
 """
 

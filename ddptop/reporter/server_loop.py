@@ -1,6 +1,6 @@
 """One selector loop for any number of rank servers, with their time limits.
 
-A rank's server makes a private, wakeable loop; the synthetic job (``ddptop.synthetic``)
+A rank's server makes a private, wakeable loop; the synthetic job (``ddptop.testing.synthetic``)
 puts thousands of fake ranks' servers on one. Every registered socket's data is an
 object with ``on_ready(events)``; every server added to ``servers`` is swept for time
 limits twice a second (:mod:`ddptop.reporter.limits`).

@@ -18,13 +18,11 @@ import os
 import socket
 from datetime import timedelta
 
-from ddptop.discovery import Endpoint
+from ddptop.discovery import STORE_KEY_PREFIX, STORE_WORLD_KEY, Endpoint
 
 log = logging.getLogger(__name__)
 
 WILDCARD_BINDS = frozenset(("0.0.0.0", "::", ""))
-KEY_PREFIX = "ddptop/endpoint/"
-WORLD_KEY = "ddptop/world_size"
 
 
 def publish_endpoint(endpoint: Endpoint, timeout_s: float) -> bool:
@@ -37,8 +35,8 @@ def publish_endpoint(endpoint: Endpoint, timeout_s: float) -> bool:
 
         store = TCPStore(host, int(port), is_master=False,
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-        store.set(KEY_PREFIX + str(endpoint.rank), endpoint.to_json())
-        store.set(WORLD_KEY, str(endpoint.world_size))
+        store.set(STORE_KEY_PREFIX + str(endpoint.rank), endpoint.to_json())
+        store.set(STORE_WORLD_KEY, str(endpoint.world_size))
         return True
     except Exception as exc:
         log.debug("ddptop: could not publish endpoint to %s:%s: %s", host, port, exc)

@@ -1,6 +1,6 @@
 """Process plumbing of the synthetic job: the RLIMIT_NOFILE check and the generator subprocess.
 
-``run_in_subprocess`` starts ``python -m ddptop.synthetic`` in its own session and returns
+``run_in_subprocess`` starts ``python -m ddptop.testing.synthetic`` in its own session and returns
 once the generator printed its ``ready`` banner (every discovery record is written by then);
 ``SyntheticProcess.stop`` kills the whole process group and reaps it.
 """
@@ -62,13 +62,13 @@ class SyntheticProcess:
 def run_in_subprocess(n_ranks: int, job_id: str, scenario: str = "healthy", interval_s: float = 1.0,
                       runtime_dir: str | Path | None = None, *, seed: int = 0,
                       extra_args: tuple[str, ...] = (), ready_timeout: float = 120.0) -> SyntheticProcess:
-    """Start ``python -m ddptop.synthetic`` in a new session; return once every record is written."""
+    """Start ``python -m ddptop.testing.synthetic`` in a new session; return once every record is written."""
     env = dict(os.environ)
     if runtime_dir is not None:
         env[discovery.RUNTIME_ENV] = str(runtime_dir)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "ddptop.synthetic", "--ranks", str(n_ranks), "--job-id", job_id,
+    cmd = [sys.executable, "-m", "ddptop.testing.synthetic", "--ranks", str(n_ranks), "--job-id", job_id,
            "--scenario", scenario, "--interval", str(interval_s), "--seed", str(seed), *extra_args]
     errors = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child's stderr
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=errors, start_new_session=True)

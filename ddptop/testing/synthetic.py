@@ -1,6 +1,6 @@
 """A synthetic job: N fake ranks speaking the real protocol over real sockets, for tests and benches.
 
-``python -m ddptop.synthetic --ranks 1024 --job-id demo`` opens one listener per rank on
+``python -m ddptop.testing.synthetic --ranks 1024 --job-id demo`` opens one listener per rank on
 127.0.0.1 with a discovery record each, so ``ddptop snapshot demo`` and ``ddptop attach
 demo`` find it like a torchrun job. Each rank is a real ``ReporterServer`` (the rank's own
 handshake, auth and output cap); one thread drives them all on one shared ``ServerLoop``.
@@ -33,7 +33,7 @@ from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError, UsageError
 from ddptop.protocol import Message, RankState, Request, Sample
 from ddptop.reporter.server import ReporterServer, ServerLoop
-from ddptop.synthetic_process import SyntheticProcess, ensure_fd_limit, run_in_subprocess
+from ddptop.testing.synthetic_process import SyntheticProcess, ensure_fd_limit, run_in_subprocess
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,8 @@ class SyntheticJob:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: serve a synthetic job until --seconds pass or SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m ddptop.synthetic", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ddptop.testing.synthetic",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")

@@ -1,6 +1,6 @@
 """Synthetic recordings and bundles for the bundle benchmark and tests (no ranks, no network).
 
-The values come from ``ddptop.synthetic.FakeRanks`` (the same pure value model the live
+The values come from ``ddptop.testing.synthetic.FakeRanks`` (the same pure value model the live
 synthetic job serves, with a fake GPU each); this module only arranges them the way a
 recorder or an export writes them, puts a realistic launcher environment in every state
 (where tests plant canary secrets) and can crash one rank.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from ddptop.protocol import FrTraceMsg, HistoryMsg, RankState, RecordEntry, StacksMsg, StateMsg
-from ddptop.synthetic import FakeRanks
+from ddptop.testing.synthetic import FakeRanks
 
 JOB_ID = "synthetic"
 BASE_ENV = {
