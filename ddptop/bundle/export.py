@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,11 +22,12 @@ from ddptop.bundle.reader import build_model, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource
+from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.diagnosis import findings_for_model
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
-from ddptop.protocol import ConnectionEvent, FrTraceMsg, HistoryMsg, RankState, RecordEntry
+from ddptop.protocol import FrTraceMsg, RankState, RecordEntry
 
 log = logging.getLogger(__name__)
 
@@ -59,34 +59,6 @@ class ExportSummary:
         return (f"exported job {self.job_id}: {len(self.answered)}/{self.world_size} ranks, "
                 f"{self.findings} finding(s), {self.size_bytes / 1024:.0f} KiB in {self.seconds:.1f} s "
                 f"-> {self.path}{missing}")
-
-
-class _Collector:
-    """Thread-safe sink for the live source's events."""
-
-    def __init__(self, job_id: str, world_size: int) -> None:
-        self.lock = threading.Lock()
-        self.events: list[Event] = []
-        self.model = JobModel(job_id=job_id, world_size=world_size)
-        self.histories: set[int] = set()
-
-    def emit(self, event: RecordEntry | ConnectionEvent) -> None:
-        with self.lock:
-            self.events.append(event)
-            self.model.apply(event)
-            if isinstance(event, RecordEntry) and isinstance(event.message, HistoryMsg):
-                self.histories.add(event.rank)
-
-    def settled(self, ranks: list[int]) -> int:
-        """How many of *ranks* sent a state and their history, or were lost."""
-        with self.lock:
-            done = 0
-            for rank in ranks:
-                view = self.model.ranks.get(rank)
-                if view is not None and (view.connection == LOST
-                                         or (view.state is not None and rank in self.histories)):
-                    done += 1
-            return done
 
 
 def _target_of(source_or_target: object) -> JobTarget:
@@ -143,11 +115,11 @@ def host_facts(states: list[RankState]) -> list[HostFacts]:
     return out
 
 
-def _wait_settled(collector: _Collector, ranks: list[int], timeout: float, progress: Progress) -> None:
+def _wait_settled(feed: ModelFeed, ranks: list[int], timeout: float, progress: Progress) -> None:
     deadline = time.monotonic() + timeout
     done = -1
     while time.monotonic() < deadline:
-        now_done = collector.settled(ranks)
+        now_done = feed.settled(ranks, history=True)
         if now_done != done:
             done = now_done
             progress("states", done, len(ranks))
@@ -164,13 +136,13 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
     report: Progress = progress or (lambda stage, done, total: None)
     target = _target_of(source_or_target)
     ranks = list(range(target.world_size))
-    collector = _Collector(target.job_id, target.world_size)
+    feed = ModelFeed(target.job_id, target.world_size, keep_events=True)
     live = LiveSource(target, token=token if token is not None else auth.load_token(),
                       connect_timeout=timeout)
     unanswered: dict[int, str] = {}
-    live.start(collector.emit)
+    live.start(feed.emit)
     try:
-        _wait_settled(collector, ranks, timeout, report)
+        _wait_settled(feed, ranks, timeout, report)
         live_ranks = sorted(e.rank for e in target.endpoints)
         report("stacks", 0, len(live_ranks))
         stacks = live.request_stacks(timeout=timeout)
@@ -180,9 +152,9 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
         report("traces", len(traces), len(live_ranks))
     finally:
         live.stop()
-    with collector.lock:
-        events = list(collector.events)
-        model = collector.model
+    with feed.lock:  # stop() joins the source's thread, but only for so long
+        events: list[Event] = list(feed.events)
+        model = feed.model
     # Replies came through emit; failed FR requests did not, so keep their reasons too.
     now = time.time()
     for rank, trace in sorted(traces.items()):

@@ -23,6 +23,7 @@ from pathlib import Path
 import ddptop
 from ddptop import auth
 from ddptop.client.live import LiveSource
+from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.errors import DdptopError, TargetNotFound, UsageError
 from ddptop.model.job import JobModel
@@ -98,25 +99,20 @@ def _ready(model: JobModel, now: float) -> bool:
 def print_once(target: JobTarget, wait: float, settle: float) -> None:
     """--no-tui: wait (bounded) until every rank trains, gather *settle* more seconds,
     then print the dashboard's rows (with their desync flags) and the findings."""
-    from ddptop.tui.event_buffer import EventBuffer
     from ddptop.tui.findings import findings
     from ddptop.tui.rows import build_rows, cells, format_line, header_line
 
-    buffer = EventBuffer(lambda: None)
-    model = JobModel()
+    feed = ModelFeed()
     source = LiveSource(target, token=auth.load_token())
-    source.start(buffer.push)
+    source.start(feed.emit)
     try:
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not _ready(model, time.time()):
+        while time.monotonic() < deadline and not _ready(feed.copy(), time.time()):
             time.sleep(0.5)
-            for event in buffer.drain():
-                model.apply(event)
         time.sleep(settle)
     finally:
         source.stop()
-    for event in buffer.drain():
-        model.apply(event)
+    model = feed.copy()
     now = time.time()
     print(f"job {model.job_id}: {model.world_size} ranks")
     print(header_line())

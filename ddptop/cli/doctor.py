@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,12 +27,11 @@ from ddptop import auth
 from ddptop.bundle.record_dir import load_recording_model
 from ddptop.client.collect import stuck_entries
 from ddptop.client.live import LiveSource
+from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
 from ddptop.errors import DdptopError, FindingsPresent, UsageError
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, RecordEntry, StateMsg
-from ddptop.status import FINAL, Status
 from ddptop.textfmt import human_duration, rank_ranges
 
 log = logging.getLogger(__name__)
@@ -92,43 +90,26 @@ def observe(target: JobTarget, watch_s: float,
     Stops early once every rank has sent ``MIN_STATES`` states (or is gone): by then each
     rank's history and current state are in, and waiting longer adds nothing to a snapshot.
     """
-    model = JobModel(job_id=target.job_id, world_size=target.world_size)
-    lock = threading.Lock()
-    states: Counter[int] = Counter()
-    gone: set[int] = set()
-
-    def emit(event: RecordEntry | ConnectionEvent) -> None:
-        # Called on the source's thread: the model is shared with this one.
-        with lock:
-            model.apply(event)
-            if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
-                states[event.rank] += 1
-                if event.message.state.status in FINAL:
-                    gone.add(event.rank)
-            elif isinstance(event, ConnectionEvent) and event.status == Status.LOST:
-                gone.add(event.rank)
-
+    feed = ModelFeed(target.job_id, target.world_size)
+    ranks = range(target.world_size)
     source = LiveSource(target, token=auth.load_token())
     start = time.monotonic()
-    source.start(emit)
+    source.start(feed.emit)
     try:
         while time.monotonic() - start < watch_s:
             time.sleep(TICK_S)
-            with lock:
-                done = all(states[r] >= MIN_STATES or r in gone for r in range(target.world_size))
-            if done and target.world_size:
+            if target.world_size and feed.settled(ranks, states=MIN_STATES) == target.world_size:
                 log.debug("every rank reported %d states after %s", MIN_STATES,
                           human_duration(time.monotonic() - start))
                 break
     finally:
         source.stop()
-    with lock:
-        for entry in stuck_entries(target):  # silent ranks of this host, read by the node agent
-            model.apply(entry)
-        if not states:
-            raise DdptopError(f"no rank of job {target.job_id} sent its state within "
-                              f"{human_duration(watch_s)} (try a longer --watch)")
-        return model, clock()
+    if not feed.heard_from_any():
+        raise DdptopError(f"no rank of job {target.job_id} sent its state within "
+                          f"{human_duration(watch_s)} (try a longer --watch)")
+    for entry in stuck_entries(target):  # silent ranks of this host, read by the node agent
+        feed.emit(entry)
+    return feed.model, clock()
 
 
 def render(report: FindingsReport, ranks_seen: int) -> Table:

@@ -18,9 +18,8 @@ from ddptop import __version__, auth
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource
+from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import resolve
-from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, RecordEntry
 from ddptop.status import ENDED
 
 
@@ -42,15 +41,9 @@ def run(args: argparse.Namespace) -> int:
                         job_id=target.job_id, world_size=target.world_size,
                         ddptop_version=__version__, hosts=hosts)
     writer = BundleWriter(args.output, manifest)
-    model = JobModel(job_id=target.job_id, world_size=target.world_size)
-    lock = threading.Lock()
+    feed = ModelFeed(target.job_id, target.world_size, tee=writer.write)
     stop = threading.Event()
     reason = ["job ended"]
-
-    def emit(event: RecordEntry | ConnectionEvent) -> None:
-        writer.write(event)
-        with lock:
-            model.apply(event)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         reason[0] = signal.Signals(signum).name
@@ -59,12 +52,11 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, on_signal)
     source = LiveSource(target, token=auth.load_token(), connect_timeout=args.timeout)
     began = time.monotonic()
-    source.start(emit)
+    source.start(feed.emit)
     try:
         while not stop.wait(0.25):
             writer.flush_if_due()
-            with lock:
-                statuses = model.statuses(time.time())
+            statuses = feed.statuses(time.time())
             if len(statuses) >= target.world_size and all(s in ENDED for s in statuses.values()):
                 break
             if args.max_seconds and time.monotonic() - began >= args.max_seconds:
@@ -76,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
         source.stop()
         writer.close(reason[0])
         signal.signal(signal.SIGTERM, previous)
-    with lock:
-        statuses = model.statuses(time.time())
+    statuses = feed.statuses(time.time())
     ended = sum(1 for s in statuses.values() if s in ENDED)
     print(f"recorded job {target.job_id}: {writer.frames} frames, {ended}/{target.world_size} ranks ended, "
           f"{time.monotonic() - began:.0f} s, {writer.bytes_written / 1024:.0f} KiB -> {args.output} "

@@ -1,0 +1,83 @@
+"""A job model fed on a live source's thread and read on another.
+
+``LiveSource`` calls its sink on its own selector thread, while a verb's main thread reads
+the model to decide when it has seen enough. Every verb that watches a live job without
+the dashboard (``doctor``, ``export``, ``record``, ``demo --no-tui``) folds through this one
+class, so the lock and the per-rank bookkeeping ("has rank r sent N states, its history,
+is it gone?") exist once. ``JobModel.apply`` stays the only fold from events to the model:
+the dashboard calls it on its UI thread (events reach it through ``EventBuffer``), the
+node agent under its own lock beside its exit watcher.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from ddptop.model.job import JobModel
+from ddptop.protocol import ConnectionEvent, HistoryMsg, RecordEntry, StateMsg
+from ddptop.source import Event
+from ddptop.status import FINAL, Status
+
+
+class ModelFeed:
+    """A ``JobModel`` plus what a watcher needs to know about each rank, behind one lock.
+
+    Pass :meth:`emit` to ``LiveSource.start``. *tee* sees every event first, outside the
+    lock (``record`` writes the stream to disk there: a slow disk must not hold up the
+    readers of the model); *keep_events* keeps the events in arrival order (``export``
+    writes them into the bundle).
+    """
+
+    def __init__(self, job_id: str = "", world_size: int = 0, *, keep_events: bool = False,
+                 tee: Callable[[Event], None] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.model = JobModel(job_id=job_id, world_size=world_size)
+        self.events: list[Event] = []
+        self._keep_events = keep_events
+        self._tee = tee
+        self.states: Counter[int] = Counter()  # states received per rank
+        self.histories: set[int] = set()  # ranks whose history arrived
+        self.gone: set[int] = set()  # ranks that sent a final state or were lost
+
+    def emit(self, event: Event) -> None:
+        """Fold one event (called on the source's thread)."""
+        if self._tee is not None:
+            self._tee(event)
+        with self.lock:
+            if self._keep_events:
+                self.events.append(event)
+            self.model.apply(event)
+            if isinstance(event, RecordEntry):
+                message = event.message
+                if isinstance(message, StateMsg):
+                    self.states[event.rank] += 1
+                    if message.state.status in FINAL:
+                        self.gone.add(event.rank)
+                elif isinstance(message, HistoryMsg):
+                    self.histories.add(event.rank)
+            elif isinstance(event, ConnectionEvent) and event.status == Status.LOST:
+                self.gone.add(event.rank)
+
+    def settled(self, ranks: Iterable[int], states: int = 1, history: bool = False) -> int:
+        """How many of *ranks* sent at least *states* states (and their history, if
+        *history*), or are gone: once all are, watching longer adds nothing."""
+        with self.lock:
+            return sum(1 for r in ranks if r in self.gone
+                       or (self.states[r] >= states and (not history or r in self.histories)))
+
+    def heard_from_any(self) -> bool:
+        """True once any rank sent a state."""
+        with self.lock:
+            return bool(self.states)
+
+    def statuses(self, now: float) -> dict[int, str]:
+        """Every rank's status word at *now* (see ``JobModel.statuses``)."""
+        with self.lock:
+            return self.model.statuses(now)
+
+    def copy(self) -> JobModel:
+        """A copy of the model, safe to read while events keep arriving."""
+        with self.lock:
+            return self.model.copy()

@@ -1,0 +1,95 @@
+"""ModelFeed: the one place where verbs fold a live source's events under a lock.
+
+doctor, export, record and demo --no-tui decide when they have seen enough from its
+bookkeeping; the end-to-end tests of those verbs run it against real jobs. Here: what
+counts as settled, and folding on one thread while another reads.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ddptop.client.model_feed import ModelFeed
+from ddptop.protocol import (
+    ConnectionEvent,
+    HistoryMsg,
+    RankState,
+    RecordEntry,
+    StateMsg,
+)
+from ddptop.source import Event
+from ddptop.status import Status
+
+
+def state(rank: int, t: float, step: int, status: str = "running") -> RecordEntry:
+    st = RankState(rank=rank, local_rank=rank, world_size=4, host="h", pid=100 + rank, job_id="mf",
+                   time=t, step=step, status=status)
+    return RecordEntry(time=t, rank=rank, message=StateMsg(state=st))
+
+
+def history(rank: int, t: float) -> RecordEntry:
+    return RecordEntry(time=t, rank=rank, message=HistoryMsg(rank=rank, samples=[]))
+
+
+def test_settled_counts_states_histories_and_gone_ranks() -> None:
+    """A rank is settled once it sent enough states (and its history, when asked), or is
+    gone: lost, or its last state was final."""
+    feed = ModelFeed("mf", 4)
+    ranks = range(4)
+    assert feed.settled(ranks) == 0 and not feed.heard_from_any()
+    feed.emit(state(0, 10.0, 1))
+    feed.emit(state(0, 11.0, 2))
+    feed.emit(state(1, 10.0, 1))
+    assert feed.heard_from_any()
+    assert feed.settled(ranks, states=1) == 2
+    assert feed.settled(ranks, states=2) == 1
+    assert feed.settled(ranks, history=True) == 0
+    feed.emit(history(1, 11.0))
+    assert feed.settled(ranks, history=True) == 1  # rank 1: a state and its history
+    feed.emit(ConnectionEvent(time=12.0, rank=2, status=Status.LOST, reason="refused"))
+    feed.emit(state(3, 12.0, 5, status=Status.EXITED))
+    assert feed.settled(ranks, states=2, history=True) == 2  # 2 lost, 3 ended; 0 and 1 not yet
+    assert feed.gone == {2, 3}
+    assert feed.statuses(13.0)[2] == Status.LOST
+    assert feed.model.ranks[3].state is not None and feed.model.ranks[3].state.step == 5
+
+
+def test_tee_sees_every_event_and_kept_events_stay_in_order() -> None:
+    """record writes through *tee*; export keeps the events for its bundle."""
+    seen: list[Event] = []
+    feed = ModelFeed("mf", 2, keep_events=True, tee=seen.append)
+    events: list[Event] = [state(0, 1.0, 1), history(0, 1.5), state(1, 2.0, 1)]
+    for e in events:
+        feed.emit(e)
+    assert seen == events and feed.events == events
+    assert ModelFeed("mf", 2).events == []  # nothing kept unless asked
+
+
+def test_folding_on_one_thread_while_another_reads() -> None:
+    """The source's thread folds while the verb's thread reads statuses and copies: no
+    torn reads, nothing lost."""
+    feed = ModelFeed("mf", 4)
+    errors: list[BaseException] = []
+    n = 2000
+
+    def source() -> None:
+        try:
+            for i in range(n):
+                feed.emit(state(i % 4, 100.0 + i, i))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=source)
+    thread.start()
+    reads = 0
+    while thread.is_alive() or reads == 0:
+        copy = feed.copy()
+        assert set(copy.ranks) <= {0, 1, 2, 3}
+        feed.statuses(200.0)
+        feed.settled(range(4), states=10)
+        reads += 1
+    thread.join(timeout=30)
+    assert not thread.is_alive() and errors == []
+    assert sum(feed.states.values()) == n
+    assert feed.copy().ranks[3].state is not None
+    assert feed.settled(range(4), states=n // 4) == 4
