@@ -21,7 +21,7 @@ from ddptop.agent import jobrecord
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
-from ddptop.errors import DdptopError
+from ddptop.errors import DdptopError, exit_code_for
 
 LOCK_FILE = "agent.lock"
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         agent = NodeAgent(args.job_id, [], int(args.record_mb * 1024 * 1024), record=args.record_mb > 0)
     except (DdptopError, OSError) as exc:
         print(f"ddptop agent: {exc}", file=sys.stderr)
-        return 2
+        return exit_code_for(exc)
     began = time.monotonic()
     agent.start()
     if listen is not None:

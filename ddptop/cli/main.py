@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from ddptop import __version__
-from ddptop.errors import DdptopError, exit_code_for
+from ddptop.errors import DdptopError, UsageError, exit_code_for
 
 # verb -> (module, one-line help). Public interface: add verbs, never rename.
 VERBS: dict[str, tuple[str, str]] = {
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="ddptop: %(message)s")
     if not getattr(args, "_run", None):
         parser.print_help()
-        return 2
+        return UsageError.exit_code
     try:
         return int(args._run(args))
     except DdptopError as exc:
