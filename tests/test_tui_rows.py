@@ -119,6 +119,32 @@ def test_cells_show_pending_collective_and_gpu() -> None:
     assert header_line().split()[:4] == ["RANK", "HOST", "STATUS", "FLAGS"]
 
 
+def test_every_row_field_comes_from_its_own_state_field() -> None:
+    """Rows are built positionally (for speed): each field must still hold the value it
+    names. Every source value here is distinct, so a swapped position shows."""
+    from ddptop.model.job import JobModel
+    from ddptop.protocol import CollectiveGroup, GpuInfo, PendingOp, RankState
+
+    st = RankState(
+        rank=5, local_rank=1, world_size=8, host="node-7", pid=4242, job_id="rows", time=1000.0,
+        step=111, step_time_s=0.5, epoch=3, batch=17, batches_per_epoch=40, data_wait_fraction=0.25,
+        loader_ready_batches=6, cpu_percent=77.0, rss_bytes=123_456_789, shm_used_bytes=1_000,
+        shm_total_bytes=9_000, gpu=GpuInfo(index=0, util_percent=42.0, mem_used_bytes=3, mem_total_bytes=12),
+        collectives=[CollectiveGroup(pg="0", seq=222, timeout_s=600.0,
+                                     pending=[PendingOp(seq=223, op="gloo:all_gather", age_s=9.0)])])
+    model = JobModel()
+    model.apply(RecordEntry(time=1000.0, rank=5, message=StateMsg(state=st)))
+    row = next(r for r in build_rows(model, 1000.5) if r.rank == 5)
+    assert (row.rank, row.host, row.status, row.step, row.epoch, row.batch, row.batches_per_epoch) == \
+        (5, "node-7", "running", 111, 3, 17, 40)
+    assert row.steps_per_s == 2.0 and row.seq == 222 and row.seq_lag == 0
+    assert (row.pending_op, row.pending_seq, row.pending_age_s, row.pending_left_s) == \
+        ("all_gather", 223, 9.0, 591.0)
+    assert (row.data_wait, row.ready, row.cpu, row.rss) == (0.25, 6, 77.0, 123_456_789)
+    assert (row.gpu_util, row.gpu_mem, row.shm_used, row.shm_total) == (42.0, 0.25, 1_000, 9_000)
+    assert row.marks == []
+
+
 def test_row_builder_reuses_unchanged_rows_and_equals_a_fresh_build() -> None:
     """The redraw memo: only changed ranks are rebuilt, and the rows always equal build_rows."""
     model = model_of([state(r, seq=300) for r in range(4)])

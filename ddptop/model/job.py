@@ -53,6 +53,9 @@ class RankView:
     exit: RankExit | None = None  # how the process ended, from the node agent
     lost_at: float | None = None  # when the connection was lost (no exit known)
     stuck: StuckReport | None = None  # where it is stuck, read from outside by the node agent
+    # Events folded into this view so far: what the table's row memo compares (one int,
+    # not the state, the history deque and its tail) to find the few ranks that changed.
+    version: int = 0
 
     def current_stuck(self) -> StuckReport | None:
         """The stuck report, unless a state arrived after it (the rank answers again)."""
@@ -107,6 +110,7 @@ class JobModel:
             return
         if isinstance(message, ConnectionEvent):
             view = self.view(message.rank)
+            view.version += 1
             view.connection, view.connection_reason = message.status, message.reason
             if message.status == LOST and view.lost_at is None:
                 view.lost_at = message.time
@@ -114,12 +118,14 @@ class JobModel:
             return
         if isinstance(message, RankExit):
             view = self.view(message.rank)
+            view.version += 1
             view.exit = message
             self._touch(message.time)
             return
         if isinstance(message, StateMsg):
             st = message.state
             view = self.view(st.rank)
+            view.version += 1
             t = at if at is not None else st.time
             view.state, view.received_at = st, t
             if view.connection != LOST and st.status not in FINAL:
@@ -130,17 +136,21 @@ class JobModel:
             self._touch(t)
         elif isinstance(message, HistoryMsg):
             view = self.view(message.rank)
+            view.version += 1
             merged = {s.time: s for s in view.history}
             merged.update({s.time: s for s in message.samples})
             view.history = deque(sorted(merged.values(), key=lambda s: s.time), maxlen=HISTORY_LEN)
         elif isinstance(message, StacksMsg):
             view = self.view(message.rank)
+            view.version += 1
             view.stacks = message
             if message.stuck is not None:
                 view.stuck = message.stuck
             self._touch(at if at is not None else message.time)
         elif isinstance(message, FrTraceMsg):
-            self.view(message.rank).fr_trace = message
+            view = self.view(message.rank)
+            view.version += 1
+            view.fr_trace = message
 
     def _touch(self, t: float) -> None:
         if not self.first_time or t < self.first_time:

@@ -40,6 +40,8 @@ def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
               lost_at: float | None) -> Ending | None:
     """The end of one rank from what is known of it, or None if it has not ended."""
     said = state.status if state is not None and state.status in FINAL else ""
+    if exit is None and not said and lost_at is None:
+        return None  # a running rank: the usual case, thousands of times per redraw
     peer_gone = state is not None and bool(PEER_GONE.search(state.exit_reason))
     if exit is not None:
         signal = exit.signal or ("SIGTERM" if said == Status.TERMINATED else "")

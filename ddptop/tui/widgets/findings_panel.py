@@ -39,7 +39,13 @@ def findings_text(found: list[Finding]) -> Text:
 class FindingsPanel(Static):
     """Lists findings, worst first."""
 
+    _shown: list[Finding] | None = None  # what the panel shows now
+
     def show(self, found: list[Finding]) -> None:
-        """Redraw with *found*."""
+        """Redraw with *found* (nothing to do when they did not change: the usual case at
+        every redraw, since the diagnosis runs at most once a second)."""
+        if found == self._shown:
+            return
+        self._shown = list(found)
         self.border_title = f"findings ({len(found)})"
         self.update(findings_text(found))

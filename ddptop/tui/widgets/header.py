@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -15,12 +17,16 @@ _SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cy
 
 def attach_state(statuses: dict[int, str], world_size: int) -> tuple[str, str]:
     """('connected 4/4' | '1 stale (rank 2), 1 lost (rank 3)', level) from status words."""
+    # Counted in C first: at 4096 ranks this runs at every redraw, and usually all is well.
+    counts = Counter(statuses.values())
+    bad_words = {w for w in counts if w == Status.STALE or (w in ENDED and w != Status.EXITED)}
     bad: dict[str, list[int]] = {}
-    for rank, status in statuses.items():
-        if status == Status.STALE or (status in ENDED and status != Status.EXITED):
-            bad.setdefault(status, []).append(rank)
+    if bad_words:
+        for rank, status in statuses.items():
+            if status in bad_words:
+                bad.setdefault(status, []).append(rank)
     world = max(world_size, len(statuses))
-    answering = sum(1 for s in statuses.values() if s != Status.STALE and s not in ENDED)
+    answering = sum(n for w, n in counts.items() if w != Status.STALE and w not in ENDED)
     if not bad:
         return f"connected {answering}/{world}", "ok" if answering == world else "warn"
     parts = [f"{len(r)} {k} (rank{'s' if len(r) > 1 else ''} {rank_ranges(r)})"
@@ -36,12 +42,21 @@ def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = 
     *statuses* (rank -> status word at *now*) saves recomputing them when the caller has.
     """
     # One pass over the states, not model.snapshot(): this runs at every redraw.
-    states = [v.state for _, v in sorted(model.ranks.items()) if v.state is not None]
-    starts = [st.start_time for st in states if st.start_time]
-    uptime = now - min(starts) if starts else None
-    world = max([model.world_size] + [st.world_size for st in states])
-    hosts = sorted({st.host for st in states})
-    backend = next((st.backend for st in states if st.backend), "")
+    start, world, backend, backend_rank = 0.0, model.world_size, "", -1
+    host_set: set[str] = set()
+    for rank, view in model.ranks.items():
+        st = view.state
+        if st is None:
+            continue
+        if st.start_time and (not start or st.start_time < start):
+            start = st.start_time
+        if st.world_size > world:
+            world = st.world_size
+        host_set.add(st.host)
+        if st.backend and (backend_rank < 0 or rank < backend_rank):
+            backend, backend_rank = st.backend, rank  # the lowest rank's, as before
+    uptime = now - start if start else None
+    hosts = sorted(host_set)
     state, level = attach_state(model.statuses(now) if statuses is None else statuses,
                                 model.world_size)
     text = Text()
@@ -74,7 +89,14 @@ def _hosts(hosts: list[str], shown: int = 4) -> str:
 class JobHeader(Static):
     """Two lines at the top of the dashboard."""
 
+    _shown: tuple[str, tuple[object, ...]] | None = None  # the text shown now
+
     def show(self, model: JobModel, now: float, worst: Finding | None, mode: str = "live",
              paused: bool = False, statuses: dict[int, str] | None = None) -> None:
-        """Redraw from the model at *now*."""
-        self.update(header_text(model, now, worst, mode, paused, statuses))
+        """Redraw from the model at *now* (the text changes about once a second: its
+        uptime; an unchanged text is not laid out and painted again)."""
+        text = header_text(model, now, worst, mode, paused, statuses)
+        key = (text.plain, tuple(text.spans))
+        if key != self._shown:
+            self._shown = key
+            self.update(text, layout=False)  # two lines, always (#header's height in the .tcss)

@@ -8,7 +8,7 @@ the selection, the sort column and the filter, and turns cells into styled segme
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
@@ -22,6 +22,19 @@ from textual.strip import Strip
 from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, RankRow, cells, filter_rows, sort_rows
 
 _LINE_WIDTH = sum(c.width for c in COLUMNS) + len(COLUMNS) + 1
+
+
+class _PaintStyles(NamedTuple):
+    """The styles one paint needs, resolved once (``rich_style`` walks every ancestor's
+    styles: per line it was a third of a 4096-rank redraw)."""
+
+    base: Style
+    header: Style
+    sorted: Style
+    desync: Style
+    selected: Style
+    cursor: Style
+    levels: dict[str, Style]
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -59,6 +72,7 @@ class RankTable(ScrollView, can_focus=True):
         self.sort_reverse = False
         self.filter_query = ""
         self.selected: set[int] = set()
+        self._styles: _PaintStyles | None = None
 
     # ------------------------------------------------------------ data
 
@@ -70,7 +84,9 @@ class RankTable(ScrollView, can_focus=True):
     def _rebuild(self) -> None:
         current = self.current_rank
         matching = filter_rows(self._all, self.filter_query)
-        self.shown_rows = sort_rows(matching, self.sort_key, self.sort_reverse)
+        # Rows come in rank order: the default sort is already done (4096 rows, every redraw).
+        self.shown_rows = matching if self.sort_key == "rank" and not self.sort_reverse \
+            else sort_rows(matching, self.sort_key, self.sort_reverse)
         self.virtual_size = Size(_LINE_WIDTH, len(self.shown_rows) + 1)
         if current is not None:
             idx = next((i for i, r in enumerate(self.shown_rows) if r.rank == current), None)
@@ -140,22 +156,37 @@ class RankTable(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------ painting
 
+    def notify_style_update(self) -> None:
+        """CSS changed (a theme, a reload): resolve the paint styles again."""
+        self._styles = None
+        super().notify_style_update()
+
+    def _paint_styles(self) -> _PaintStyles:
+        if self._styles is None:
+            component = self.get_component_rich_style
+            self._styles = _PaintStyles(
+                base=self.rich_style, header=component("rank-table--header"),
+                sorted=component("rank-table--sorted"), desync=component("rank-table--desync"),
+                selected=component("rank-table--selected"), cursor=component("rank-table--cursor"),
+                levels={lvl: component(f"rank-table--{lvl}", partial=True) for lvl in ("ok", "warn", "bad")})
+        return self._styles
+
     def render_line(self, y: int) -> Strip:
         """Line *y* of the viewport: the header at 0, else the row at y-1+scroll."""
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
+        styles = self._paint_styles()
         if y == 0:
-            strip = Strip(self._header_segments(), _LINE_WIDTH)
+            strip = Strip(self._header_segments(styles), _LINE_WIDTH)
         else:
             index = y - 1 + scroll_y
             if index >= len(self.shown_rows):
-                return Strip.blank(width, self.rich_style)
-            strip = Strip(self._row_segments(index), _LINE_WIDTH)
-        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+                return Strip.blank(width, styles.base)
+            strip = Strip(self._row_segments(index, styles), _LINE_WIDTH)
+        return strip.crop_extend(scroll_x, scroll_x + width, styles.base)
 
-    def _header_segments(self) -> list[Segment]:
-        base = self.get_component_rich_style("rank-table--header")
-        sorted_style = self.get_component_rich_style("rank-table--sorted")
+    def _header_segments(self, styles: _PaintStyles) -> list[Segment]:
+        base, sorted_style = styles.header, styles.sorted
         segments = [Segment(" ", base)]
         for col in COLUMNS:
             title = col.title
@@ -166,17 +197,16 @@ class RankTable(ScrollView, can_focus=True):
             segments.append(Segment(" ", base))
         return segments
 
-    def _row_segments(self, index: int) -> list[Segment]:
+    def _row_segments(self, index: int, styles: _PaintStyles) -> list[Segment]:
         row = self.shown_rows[index]
-        base = self.rich_style
+        base = styles.base
         if row.desynced:
-            base = base + self.get_component_rich_style("rank-table--desync")
+            base = base + styles.desync
         if row.rank in self.selected:
-            base = base + self.get_component_rich_style("rank-table--selected")
+            base = base + styles.selected
         if index == self.cursor and self.has_focus:
-            base = base + self.get_component_rich_style("rank-table--cursor")
-        levels = {lvl: self.get_component_rich_style(f"rank-table--{lvl}", partial=True)
-                  for lvl in ("ok", "warn", "bad")}
+            base = base + styles.cursor
+        levels = styles.levels
         # The selection needs a non-colour sign too: '*' in the first cell.
         segments = [Segment("*" if row.rank in self.selected else " ", base)]
         for (text, level), col in zip(cells(row), COLUMNS, strict=True):
