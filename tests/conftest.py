@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.jobs import JobRunner
+
+SNAPSHOT_REPORT_DEFAULT = "snapshot_report.html"  # pytest-textual-snapshot's --snapshot-report
 
 
 @pytest.fixture
@@ -35,6 +38,11 @@ def job_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobR
 def pytest_configure(config: pytest.Config) -> None:
     # Ranks and viewers started by tests must never pick up a developer's token.
     os.environ.pop("DDPTOP_TOKEN", None)
+    # pytest-textual-snapshot writes its HTML report of failed snapshots into the current
+    # directory (the checkout) unless told otherwise: send it to the temp dir instead.
+    if config.getoption("--snapshot-report", None) == SNAPSHOT_REPORT_DEFAULT:
+        report = Path(tempfile.gettempdir()) / f"ddptop-snapshot-report-{os.getuid()}.html"
+        config.option.snapshot_report = str(report)
 
 
 # Property tests: repeatable in CI (derandomized, no example database), no deadline on a
