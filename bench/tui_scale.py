@@ -19,6 +19,10 @@ runs in a SUBPROCESS, so its CPU is not counted here. Then:
 * keys: p95 of key event sent -> handled and the screen repainted, for cursor moves with a sort change (``>``)
   every fifth press; target 100 ms.
 
+``--via ranks,agent`` measures both ways a viewer reaches the ranks, alternating, on one
+generator that also serves every 8 ranks through a node-agent endpoint (``DDPTOP_VIA``):
+one connection per rank, or one per node agent.
+
 Timings on a shared 2-core machine are noisy; run it alone for numbers you quote.
 """
 
@@ -165,35 +169,40 @@ def main() -> int:
     parser.add_argument("--ranks", default="64,1024,4096")
     parser.add_argument("--window", type=float, default=5.0, help="ingest measurement seconds")
     parser.add_argument("--presses", type=int, default=40)
+    parser.add_argument("--via", default="ranks", help="ranks, agent, or both comma-separated (alternated)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.ranks.split(",")]
+    ways = args.via.split(",")
+    agents = ("--ranks-per-agent", "8") if "agent" in ways else ()
     ensure_fd_limit(max(sizes) + 512)  # one viewer socket per rank, plus margin
     why_no_tui = tui_available()
     rows = []
-    for n in sizes:
+    for index, n in enumerate(sizes):
         rt = Path(tempfile.mkdtemp(prefix="ddptop-bench-"))
         os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
         job_id = f"bench{n}"
         began = time.monotonic()
-        gen = run_in_subprocess(n, job_id, "healthy", 1.0, rt, ready_timeout=120)
+        gen = run_in_subprocess(n, job_id, "healthy", 1.0, rt, extra_args=agents, ready_timeout=180)
         start_s = time.monotonic() - began
         try:
-            ingest = measure_ingest(job_id, n, args.window)
-            tui = asyncio.run(_tui(job_id, n, args.presses)) if not why_no_tui else {}
+            for via in ways if index % 2 == 0 else ways[::-1]:  # A/B, then B/A
+                os.environ["DDPTOP_VIA"] = via
+                ingest = measure_ingest(job_id, n, args.window)
+                tui = asyncio.run(_tui(job_id, n, args.presses)) if not why_no_tui else {}
+                rows.append((n, via, start_s, ingest, tui))
         finally:
             gen.stop()
-        rows.append((n, start_s, ingest, tui))
         print(f"  done {n} ranks", file=sys.stderr, flush=True)
-    head = (f"{'ranks':>6} {'gen start s':>11} {'attach s':>8} {'events/s':>8} {'ingest CPU ms/s':>15} "
-            f"{'(apply)':>7} {'update ms':>9} {'paint ms':>8} {'redraw ms':>9} {'key p95 ms':>10} "
-            f"{'key max':>7}")
+    head = (f"{'ranks':>6} {'via':>5} {'gen start s':>11} {'attach s':>8} {'events/s':>8} "
+            f"{'ingest CPU ms/s':>15} {'(apply)':>7} {'update ms':>9} {'paint ms':>8} {'redraw ms':>9} "
+            f"{'key p95 ms':>10} {'key max':>7}")
     print(head)
     print("-" * len(head))
-    for n, start_s, ing, tui in rows:
+    for n, via, start_s, ing, tui in rows:
         def f(key: str, t: dict[str, float] = tui) -> str:
             return f"{t[key]:.1f}" if key in t else "n/a"
 
-        print(f"{n:>6} {start_s:>11.1f} {ing['attach_s']:>8.1f} {ing['events_per_s']:>8.0f} "
+        print(f"{n:>6} {via:>5} {start_s:>11.1f} {ing['attach_s']:>8.1f} {ing['events_per_s']:>8.0f} "
               f"{ing['cpu_ms_per_s']:>15.1f} {ing['apply_ms_per_s']:>7.1f} {f('update_ms'):>9} "
               f"{f('paint_ms'):>8} {f('cycle_ms'):>9} {f('key_p95_ms'):>10} {f('key_max_ms'):>7}")
     print(f"targets: redraw <= {REDRAW_TARGET_MS:.0f} ms at 4096 ranks, "

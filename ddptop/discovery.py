@@ -27,6 +27,7 @@ RUNTIME_ENV = "DDPTOP_RUNTIME_DIR"
 # other hosts read them (client.targets). Here so that neither side imports the other.
 STORE_KEY_PREFIX = "ddptop/endpoint/"
 STORE_WORLD_KEY = "ddptop/world_size"
+AGENT_PORT_ENV = "DDPTOP_AGENT_PORT"  # set by `ddptop launch` for its ranks: its endpoint's port
 _SAFE_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -47,6 +48,14 @@ class Endpoint:
     pid: int
     start_time: float = 0.0
     node: str = ""  # hostname the rank runs on (host may be an address)
+    # Port of the node agent (``ddptop launch``) that serves this rank with the rest of its
+    # node, at the same host; 0 when there is none (``ddptop.install()`` without a launcher).
+    agent_port: int = 0
+
+    @property
+    def via_agent(self) -> tuple[str, int] | None:
+        """Where the node agent that serves this rank listens, if one does."""
+        return (self.host, self.agent_port) if self.agent_port else None
 
     def to_json(self) -> str:
         """Serialise for the discovery record and the TCPStore."""
@@ -67,6 +76,7 @@ class Endpoint:
             pid=int(data["pid"]),
             start_time=float(data.get("start_time", 0.0)),
             node=str(data.get("node", "")),
+            agent_port=int(data.get("agent_port", 0)),
         )
 
 

@@ -297,7 +297,7 @@ class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
     """First frame a rank sends: who it is and whether it wants a token proof."""
 
     protocol: int
-    role: str  # "rank" or "viewer"
+    role: str  # "rank", "agent" (a node agent serving its host's ranks) or "viewer"
     nonce: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)] = ""  # server challenge (hex)
     auth_required: bool = False
     rank: int | None = None
@@ -407,6 +407,19 @@ class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):
     reason: str = ""
 
 
+class AgentReply(msgspec.Struct, gc=False, tag="agent_reply", kw_only=True):
+    """A node agent's answer to a request, for every rank it serves: the events a viewer
+    would have got from each rank itself (``id`` is the request's, inside and out).
+
+    ``time`` is the agent's wall clock when it answered: a viewer on another host moves the
+    entries' times by its own clock's difference, so a silent rank stays silent for as long.
+    """
+
+    time: float
+    entries: Annotated[list[RecordEntry | ConnectionEvent | RankExit], msgspec.Meta(max_length=MAX_ITEMS * 4)]
+    id: int = 0
+
+
 Message = (
     Hello
     | AuthProof
@@ -420,4 +433,5 @@ Message = (
     | RecordEntry
     | ConnectionEvent
     | RankExit
+    | AgentReply
 )

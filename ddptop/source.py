@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, FrTraceMsg, RecordEntry, StacksMsg
+from ddptop.protocol import ConnectionEvent, FrTraceMsg, RankExit, RecordEntry, StacksMsg
 
-Event = RecordEntry | ConnectionEvent
+Event = RecordEntry | ConnectionEvent | RankExit
 Emit = Callable[[Event], None]
 
 

@@ -100,8 +100,10 @@ def test_record_sigsegv_rank_and_killed_recorder(job_runner: JobRunner, tmp_path
         assert res.returncode == 0 and "recording of job" in res.stdout, res.stderr
 
 
-def test_export_live_four_rank_job(job_runner: JobRunner, tmp_path: Path) -> None:
-    job = job_runner.start("healthy", nproc=4, env={"PROBE_SECONDS": "40", **CANARIES})
+@pytest.mark.parametrize("via", ["ranks", "agent"])
+def test_export_live_four_rank_job(via: str, job_runner: JobRunner, tmp_path: Path) -> None:
+    """The same bundle whether the viewer asks each rank or the node agent for all of them."""
+    job = job_runner.start("healthy", nproc=4, env={"PROBE_SECONDS": "40", "DDPTOP_VIA": via, **CANARIES})
     # Some history in every ring buffer: each reporter has sampled a few times.
     job.wait_for(lambda s: len(s["ranks"]) == 4 and all(r["reporter"]["samples"] >= 3 for r in s["ranks"]),
                  timeout=120)

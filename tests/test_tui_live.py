@@ -39,16 +39,23 @@ def statuses(app: DdptopApp) -> dict[int, str]:
     return {r.rank: r.status for r in app.query_one(RankTable).shown_rows}
 
 
-def test_rows_detail_sort_filter_and_killed_rank_turns_lost(job_runner: JobRunner) -> None:
+@pytest.mark.parametrize("via", ["ranks", "agent"])
+def test_rows_detail_sort_filter_and_killed_rank_turns_lost(via: str, job_runner: JobRunner,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same dashboard whether it connects to every rank or once to the node agent."""
     job = job_runner.start("healthy", nproc=4, env={"PROBE_SECONDS": "90", "PROBE_STEP_SLEEP": "0.05"})
     job.wait_ranks(4, timeout=90)
-    app = DdptopApp(LiveSource(resolve(job.job_id)))
+    monkeypatch.setenv("DDPTOP_VIA", via)
+    source = LiveSource(resolve(job.job_id))
+    assert source.target.via_agents == (via == "agent")
+    app = DdptopApp(source)
 
     async def go() -> None:
         async with app.run_test(size=SIZE) as pilot:
             table = app.query_one(RankTable)
             await until(pilot, lambda: statuses(app) == dict.fromkeys(range(4), "running"), 30,
                         f"4 running rows (have {statuses(app)})")
+            assert source.connections == (1 if via == "agent" else 4)
             assert job.job_id in str(app.query_one("#header", Static).render())
             await pilot.press("slash", *"1,3", "enter")
             await until(pilot, lambda: [r.rank for r in table.shown_rows] == [1, 3], 5, "filter 1,3")

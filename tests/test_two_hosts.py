@@ -4,8 +4,9 @@ Each host (a network namespace with its own hostname, which the other cannot res
 most containers) runs ``ddptop launch --bind 0.0.0.0`` over ``torchrun --nnodes 2`` with a
 shared ``DDPTOP_TOKEN``; the job's TCPStore is on host a. Shown, from either host, through
 ``ddptop snapshot MASTER_ADDR:PORT`` only: all 4 ranks (ranks advertise the address that
-routes to MASTER_ADDR, not their hostname); a viewer without the token, or with a wrong
-one, told "refused" rather than "did not answer"; and the loss of a whole host, named.
+routes to MASTER_ADDR, not their hostname), reached through one connection per node (the
+node agents), and straight to every rank with ``DDPTOP_VIA=ranks``; a viewer without the
+token, or with a wrong one, told "refused" rather than "did not answer"; and the loss of a whole host, named.
 Skipped, with the reason, where network namespaces cannot be created.
 """
 
@@ -102,6 +103,12 @@ def test_four_ranks_on_two_hosts_seen_from_either_token_enforced_host_loss_named
         assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2, 3]
         assert {r["rank"]: r["host"] for r in doc["ranks"]} == {
             0: a.hostname, 1: a.hostname, 2: b.hostname, 3: b.hostname}
+        # Through the node agents (the default for HOST:PORT): one connection per node, so
+        # every rank serves one peer, its own agent.
+        assert [r["reporter"]["clients"] for r in doc["ranks"]] == [1, 1, 1, 1], doc["ranks"]
+    # Straight to every rank, as before agents served: still possible, from either host.
+    rc, doc, err = snapshot(b, target, {**envs[b.netns], "DDPTOP_VIA": "ranks"}, TOKEN)
+    assert rc == 0 and sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2, 3], err
     # Without the token, or with a wrong one: every rank refuses, and says so.
     for token in (None, "not-the-token"):
         rc, _, err = snapshot(b, target, envs[b.netns], token)

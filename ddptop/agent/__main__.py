@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from ddptop import discovery, job_token
+from ddptop import auth, discovery, job_token
 from ddptop.agent import jobrecord
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the rank that spawned this agent: once it is gone and no rank runs, stop")
     parser.add_argument("--metrics-port", metavar="[ADDR:]PORT", default=os.environ.get(METRICS_PORT_ENV),
                         help="serve Prometheus metrics there (default $DDPTOP_METRICS_PORT, else off)")
+    parser.add_argument("--serve", metavar="ADDR", default="",
+                        help="serve this node's ranks to viewers on ADDR (its port is printed on stderr; "
+                             "ranks started before it do not name it, so viewers must be told)")
     args = parser.parse_args(argv)
     try:
         if not discovery.is_safe_job_id(args.job_id):
@@ -71,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for(exc)
     began = time.monotonic()
     agent.start()
+    if args.serve:
+        local = args.serve in auth.LOOPBACK_BINDS
+        try:
+            token = auth.token_for_bind(args.serve, auth.load_token()
+                                        or (job_token.read(args.job_id) if local else None))
+            port = agent.serve(args.serve, token)
+            print(f"ddptop agent: serving viewers on {args.serve}:{port}", file=sys.stderr, flush=True)
+        except (DdptopError, OSError) as exc:
+            print(f"ddptop agent: not serving viewers: {exc}", file=sys.stderr, flush=True)
     if listen is not None:
         try:
             print(f"ddptop agent: metrics at {agent.serve_metrics(listen)}", file=sys.stderr, flush=True)

@@ -41,11 +41,23 @@ from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
-from ddptop.protocol import RankExit, RankState, RecordEntry, StacksMsg, StateMsg, StuckReport, ThreadStack
+from ddptop.protocol import (
+    ConnectionEvent,
+    ErrorMsg,
+    HistoryMsg,
+    RankExit,
+    RankState,
+    RecordEntry,
+    StacksMsg,
+    StateMsg,
+    StuckReport,
+    ThreadStack,
+)
 from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
 from ddptop.status import FINAL
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a launch that serves metrics
+    from ddptop.agent.endpoint import Entry, NodeEndpoint
     from ddptop.agent.metrics import AgentView
     from ddptop.agent.metrics_http import MetricsServer
 
@@ -77,6 +89,7 @@ class NodeAgent:
         self._outside = OutsideReader(self._on_stuck)
         self.recording: JobRecording | None = None
         self._metrics: MetricsServer | None = None
+        self._endpoint: NodeEndpoint | None = None
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
@@ -115,6 +128,14 @@ class NodeAgent:
             self.record.metrics_url = server.url
             self._write_record()
         return server.url
+
+    def serve(self, bind: str, token: str | None, port: int = 0) -> int:
+        """Serve this node's ranks to viewers on *bind* (the node's one endpoint, see
+        :mod:`ddptop.agent.endpoint`) until :meth:`finish`; the port (OSError if unbindable)."""
+        from ddptop.agent.endpoint import NodeEndpoint
+
+        self._endpoint = NodeEndpoint(bind, port, token, self.job_id, self._catch_up, self._ask)
+        return self._endpoint.port
 
     def metrics_view(self, now: float) -> AgentView:
         """One consistent read of the model for a scrape: this node's ranks only."""
@@ -155,6 +176,8 @@ class NodeAgent:
         self._live.stop()
         self._outside.close()
         self._exits.close()
+        if self._endpoint is not None:  # after the last exits went out to the viewers
+            self._endpoint.close()
         if self._metrics is not None:
             self._metrics.close()
             self.record.metrics_url = ""  # served while the job ran; nobody answers there now
@@ -228,10 +251,52 @@ class NodeAgent:
             except Exception as exc:  # a full disk must not stop the watching
                 self._record_failed(exc)
         if isinstance(event, RecordEntry | RankExit):
+            # Not its connections: how a rank ended is the agent's to see, from its exit.
             with self._lock:
                 self.model.apply(event)
                 if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
                     self._heard(event.rank, event.time, event.message.state.status in FINAL)
+        if self._endpoint is not None and isinstance(event, RecordEntry | RankExit | ConnectionEvent):
+            self._endpoint.publish(event)
+
+    # ------------------------------------------------------------ what the endpoint serves
+
+    def _catch_up(self) -> list[Entry]:
+        """Everything known about each local rank now: what a viewer that connects gets first."""
+        entries: list[Entry] = []
+        with self._lock:
+            for rank in sorted(self.model.ranks):
+                view = self.model.ranks[rank]
+                at = view.received_at or time.time()
+                if view.history:
+                    entries.append(RecordEntry(time=at, rank=rank,
+                                               message=HistoryMsg(rank=rank, samples=list(view.history))))
+                if view.state is not None:
+                    entries.append(RecordEntry(time=at, rank=rank, message=StateMsg(state=view.state)))
+                if view.stacks is not None and view.current_stuck() is not None:
+                    entries.append(RecordEntry(time=view.stacks.time, rank=rank, message=view.stacks))
+                if view.exit is not None:
+                    entries.append(view.exit)
+        return entries
+
+    def _ask(self, command: str, timeout: float) -> list[Entry]:
+        """Stacks or Flight Recorder dumps of every local rank that still runs; a rank that
+        cannot answer gets where it is stuck (read from outside), else why not."""
+        now = time.time()
+        with self._lock:
+            running = [r for r, view in self.model.ranks.items() if view.ending() is None]
+        if command == "fr_trace":
+            traces = self._live.request_fr_traces(running, timeout)
+            return [RecordEntry(time=now, rank=r, message=m) for r, m in sorted(traces.items())]
+        result = self._live.request_stacks(running, timeout)
+        entries: list[Entry] = [RecordEntry(time=now, rank=r, message=m)
+                                for r, m in sorted(result.stacks.items())]
+        with self._lock:
+            for rank, why in sorted(result.errors.items()):
+                view = self.model.ranks.get(rank)
+                stuck = view.stacks if view is not None and view.current_stuck() is not None else None
+                entries.append(RecordEntry(time=now, rank=rank, message=stuck or ErrorMsg(reason=why)))
+        return entries
 
     # ------------------------------------------------------------ stacks from outside
 

@@ -27,7 +27,7 @@ from ddptop.agent import jobrecord
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
-from ddptop.errors import UsageError
+from ddptop.errors import DdptopError, UsageError
 from ddptop.textfmt import rank_ranges
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "_inject"
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         _job_token_quietly(job_id)
         print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
         agent.start()
+        _serve_node(agent, job_id, args.bind or env.get("DDPTOP_BIND") or "127.0.0.1", env)
         if listen is not None:
             _serve_metrics(agent, listen)
     try:
@@ -141,6 +142,17 @@ def _job_token_quietly(job_id: str) -> None:
             job_token.ensure(job_id)
         except OSError as exc:
             print(f"ddptop: no job token ({exc}); ranks serve loopback without one", file=sys.stderr)
+
+
+def _serve_node(agent: NodeAgent, job_id: str, bind: str, env: dict[str, str]) -> None:
+    """Open the node's one endpoint for viewers, where the ranks serve and with their token,
+    and tell the ranks its port (they publish it beside their own)."""
+    local = bind in auth.LOOPBACK_BINDS
+    try:
+        token = auth.token_for_bind(bind, auth.load_token() or (job_token.read(job_id) if local else None))
+        env[discovery.AGENT_PORT_ENV] = str(agent.serve(bind, token))
+    except (OSError, DdptopError) as exc:  # viewers then reach each rank directly, as before
+        print(f"ddptop: no node endpoint on {bind}: {exc}; viewers connect to each rank", file=sys.stderr)
 
 
 def _serve_metrics(agent: NodeAgent, listen: tuple[str, int]) -> None:

@@ -10,25 +10,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import msgspec
 
 from ddptop import discovery
+from ddptop.client import agents
 from ddptop.client.connection import RankConnection
 from ddptop.client.handshake import TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
-from ddptop.protocol import FrameStack, RankState, RecordEntry, StacksMsg, StateMsg, ThreadStack
+from ddptop.protocol import (
+    ConnectionEvent,
+    FrameStack,
+    RankState,
+    RecordEntry,
+    StacksMsg,
+    StateMsg,
+    ThreadStack,
+)
 from ddptop.remains import crash_signal, read_stuck
-from ddptop.status import Status
+from ddptop.status import FINAL, Status
 from ddptop.textfmt import rank_ranges
 
 T = TypeVar("T")
 MAX_PARALLEL = 32
+LAST_WORDS_WAIT_S = 3.0  # a closed rank whose process lives: how long its last words may take
+GONE_GRACE_S = 1.0  # the same for a rank whose process is already gone
 
 
 @dataclass
@@ -89,6 +100,37 @@ def last_words(endpoint: Endpoint) -> RankState:
     return state
 
 
+def ended_before(target: JobTarget, now: float) -> list[RecordEntry | ConnectionEvent]:
+    """What a viewer knows at once of the ranks of *target* it cannot connect to: the dead
+    ones' last words, and which ranks have no record at all."""
+    out: list[RecordEntry | ConnectionEvent] = []
+    for endpoint in target.dead:
+        out.append(RecordEntry(time=now, rank=endpoint.rank, message=StateMsg(state=last_words(endpoint))))
+        out.append(ConnectionEvent(time=now, rank=endpoint.rank, status=Status.LOST, reason="process gone"))
+    out.extend(ConnectionEvent(time=now, rank=rank, status=Status.LOST, reason="no discovery record")
+               for rank in target.missing_ranks)
+    return out
+
+
+def end_after_close(endpoint: Endpoint, reason: str, waited: float,
+                    now: float) -> list[RecordEntry | ConnectionEvent] | None:
+    """How a rank whose connection closed *waited* seconds ago ended: its last words as soon
+    as they are there, else "lost" once its process is gone or the wait ran out; None while
+    it is worth waiting (a closing rank is on its way out, its words may come a moment later)."""
+    state = last_words(endpoint)
+    alive = discovery.pid_alive(endpoint.pid)
+    # A gone process gets a short grace too: its words may still be on their way to disk
+    # while the viewer already saw the socket close.
+    if state.status not in FINAL and waited < (LAST_WORDS_WAIT_S if alive else GONE_GRACE_S):
+        return None
+    if state.status in FINAL:
+        words = RecordEntry(time=now, rank=endpoint.rank, message=StateMsg(state=state))
+        return [words, ConnectionEvent(time=now, rank=endpoint.rank, status=Status.LOST, reason=reason)]
+    process = "still runs" if alive else "is gone"
+    why = f"{reason}; no last words after {waited:.1f} s, its process {process}"
+    return [ConnectionEvent(time=now, rank=endpoint.rank, status=Status.LOST, reason=why)]
+
+
 def stuck_entries(target: JobTarget) -> list[RecordEntry]:
     """Where this host's silent ranks are stuck, as their node agent read it from outside.
 
@@ -122,9 +164,14 @@ def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 
     def ask(conn: RankConnection) -> StateMsg:
         return conn.state()
 
-    collected = per_rank(target, ask, token=token, timeout=timeout)
+    direct, served = agents.split(target.endpoints, target.via_agents)
+    collected = per_rank(replace(target, endpoints=direct), ask, token=token, timeout=timeout)
     states = [m.state for m in collected.answers.values() if isinstance(m, StateMsg)]
     unreachable = dict(collected.errors)
+    if served:  # one connection per node, to its agent
+        from_agents, silent = agents.states_via_agents(served, token, timeout)
+        states.extend(from_agents)
+        unreachable.update(silent)
     for endpoint in target.dead:
         # A dead rank still shows what it left behind, but it did not answer.
         state = last_words(endpoint)

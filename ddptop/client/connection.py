@@ -52,8 +52,8 @@ class RankConnection:
 
     @property
     def label(self) -> str:
-        """`rank N at host:port`, for messages."""
-        return f"rank {self.endpoint.rank} at {self.endpoint.host}:{self.endpoint.port}"
+        """`rank N at host:port` (or `node agent at host:port`), for messages."""
+        return self._handshake.label
 
     def open(self) -> Hello:
         """Connect, exchange headers, read Hello and prove the token if asked."""

@@ -31,7 +31,8 @@ class Handshake:
     host, when there is one, wins (:func:`ddptop.job_token.for_viewer`)."""
 
     def __init__(self, endpoint: Endpoint, token: str | None) -> None:
-        self.label = f"rank {endpoint.rank} at {endpoint.host}:{endpoint.port}"
+        who = "node agent" if endpoint.rank < 0 else f"rank {endpoint.rank}"
+        self.label = f"{who} at {endpoint.host}:{endpoint.port}"
         self._token, self._job_owns_token = job_token.for_viewer(endpoint.job_id, token)
         self._challenge = ""
         self.hello: Hello | None = None

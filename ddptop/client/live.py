@@ -5,7 +5,9 @@ a few file descriptors' worth of work. Each connection walks header -> Hello -> 
 proof) -> subscribe -> history; then state frames stream in. A rank that closes its
 socket is "lost" (with its last words if it left any); one whose state stops arriving
 is "stale" (decided by the model from time, not here). Requests (stacks, FR) are sent on
-the same sockets and their replies routed back to the blocked caller.
+the same sockets and their replies routed back to the blocked caller. Ranks reached
+through their node agent (:mod:`ddptop.client.agents`) share its one connection: it sends
+their events ready-made, and one request asks all of them.
 """
 
 from __future__ import annotations
@@ -16,18 +18,17 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 
-from ddptop import discovery
-from ddptop.client.collect import last_words, stuck_stacks
+from ddptop.client import agents
+from ddptop.client.collect import end_after_close, ended_before, stuck_stacks
 from ddptop.client.handshake import Handshake
+from ddptop.client.live_requests import LiveRequests, Peer
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.protocol import (
+    AgentReply,
     AuthResult,
     ConnectionEvent,
     ErrorMsg,
@@ -35,37 +36,22 @@ from ddptop.protocol import (
     Hello,
     HistoryMsg,
     Message,
+    RankExit,
     RecordEntry,
     Request,
     StacksMsg,
     StateMsg,
 )
-from ddptop.source import Emit, StacksResult
-from ddptop.status import FINAL
-from ddptop.wire import FrameBuffer, encode_frame, header_bytes
+from ddptop.source import Emit, Event
+from ddptop.wire import encode_frame, header_bytes
 
 log = logging.getLogger(__name__)
 
-LAST_WORDS_WAIT_S = 3.0  # a closed rank whose process lives: how long its last words may take
-GONE_GRACE_S = 1.0  # the same for a rank whose process is already gone
 STUCK_AFTER_S = 2.0  # a peer silent this long: look for the node agent's .stuck report
 STUCK_EVERY_S = 1.0
 
 
-@dataclass(eq=False)
-class _Peer:
-    endpoint: Endpoint
-    sock: socket.socket | None = None
-    buf: FrameBuffer = field(default_factory=FrameBuffer)
-    out: bytearray = field(default_factory=bytearray)
-    ready: bool = False
-    waiting: dict[int, Future[Message]] = field(default_factory=dict)
-    heard_at: float = field(default_factory=time.monotonic)  # last state (or the connect)
-    stuck_time: float = 0.0  # time of the last outside report delivered for it
-    handshake: Handshake | None = None  # of the current connection
-
-
-class LiveSource:
+class LiveSource(LiveRequests):
     """Subscribes to every rank of *target* and emits what they send."""
 
     live = True
@@ -83,7 +69,9 @@ class LiveSource:
         self._token = token
         self._connect_timeout = connect_timeout
         self._sel = selectors.DefaultSelector()
-        self._peers: dict[int, _Peer] = {}
+        self._peers: dict[int, Peer] = {}  # ranks reached directly
+        self._agent_peers: list[Peer] = []  # node agents, each serving a few ranks
+        self._via: dict[int, Peer] = {}  # rank -> the node agent's peer that serves it
         self._emit: Emit | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,24 +82,28 @@ class LiveSource:
         self._queued: set[int] = set()
         self._to_connect: list[Endpoint] = []  # added after start, connected by the thread
         # Ranks whose socket closed, waiting (bounded) for their last words: rank -> (peer, why, since)
-        self._closing: dict[int, tuple[_Peer, str, float]] = {}
+        self._closing: dict[int, tuple[Peer, str, float]] = {}
         self._next_id = 0
         self._stuck_check = 0.0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
 
+    @property
+    def connections(self) -> int:
+        """Connections this source holds: one per rank reached directly, one per node agent."""
+        return len(self._peers) + len(self._agent_peers)
+
     def start(self, emit: Emit) -> None:
         """Connect to every rank (non-blocking) and start the selector thread."""
         self._emit = emit
-        now = time.time()
-        for endpoint in self.target.dead:
-            emit(RecordEntry(time=now, rank=endpoint.rank, message=StateMsg(state=last_words(endpoint))))
-            emit(ConnectionEvent(time=now, rank=endpoint.rank, status=LOST, reason="process gone"))
-        for rank in self.target.missing_ranks:
-            emit(ConnectionEvent(time=now, rank=rank, status=LOST, reason="no discovery record"))
+        for event in ended_before(self.target, time.time()):
+            emit(event)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        for endpoint in self.target.endpoints:
+        direct, served = agents.split(self.target.endpoints, self.target.via_agents)
+        for endpoint in direct:
             self._connect(endpoint)
+        for agent, ranks in served.items():
+            self._connect(agent, tuple(ranks))
         self._thread = threading.Thread(target=self._run, name="ddptop-live", daemon=True)
         self._thread.start()
 
@@ -128,77 +120,18 @@ class LiveSource:
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
-        for peer in list(self._peers.values()):
+        for peer in [*self._peers.values(), *self._agent_peers]:
             self._close(peer, None)
         for s in (self._wake_r, self._wake_w):
             s.close()
 
-    # ------------------------------------------------------------ requests
-
-    def request_stacks(self, ranks: Sequence[int] | None = None, timeout: float = 5.0) -> StacksResult:
-        """Every selected rank's stacks; ranks that fail are listed with why."""
-        replies, errors = self._request_all("stacks", ranks, timeout)
-        stacks = {r: m for r, m in replies.items() if isinstance(m, StacksMsg)}
-        for r, m in replies.items():
-            if not isinstance(m, StacksMsg):
-                errors[r] = getattr(m, "reason", "unexpected reply")
-        for r in list(errors):  # a rank that cannot answer: what the node agent read from outside
-            peer = self._peers.get(r)
-            outside = stuck_stacks(peer.endpoint) if peer is not None and self._read_stuck else None
-            if outside is not None:
-                stacks[r] = outside
-                del errors[r]
-        return StacksResult(stacks, errors)
-
-    def request_fr_traces(self, ranks: Sequence[int] | None = None,
-                          timeout: float = 5.0) -> dict[int, FrTraceMsg]:
-        """Flight Recorder dumps of the selected ranks (failures as FrTraceMsg.error)."""
-        replies, errors = self._request_all("fr_trace", ranks, timeout)
-        out = {r: m for r, m in replies.items() if isinstance(m, FrTraceMsg)}
-        for r, why in errors.items():
-            out[r] = FrTraceMsg(rank=r, time=time.time(), error=why)
-        return out
-
-    def _request_all(self, command: str, ranks: Sequence[int] | None,
-                     timeout: float) -> tuple[dict[int, Message], dict[int, str]]:
-        futures: dict[int, Future[Message]] = {}
-        errors: dict[int, str] = {}
-        wanted = list(self._peers) if ranks is None else list(ranks)
-        with self._lock:
-            for rank in wanted:
-                peer = self._peers.get(rank)
-                if peer is None or peer.sock is None or not peer.ready:
-                    errors[rank] = "not connected"
-                    continue
-                self._next_id += 1
-                fut: Future[Message] = Future()
-                peer.waiting[self._next_id] = fut
-                peer.out += encode_frame(Request(command=command, id=self._next_id))
-                self._queued.add(rank)
-                futures[rank] = fut
-        self._wake()
-        deadline = time.monotonic() + timeout
-        replies: dict[int, Message] = {}
-        for rank, fut in futures.items():
-            try:
-                replies[rank] = fut.result(timeout=max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
-                errors[rank] = f"no answer within {timeout:g} s"
-            except Exception as exc:
-                errors[rank] = str(exc)
-        return replies, errors
-
-    # ------------------------------------------------------------ the thread
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-
-    def _connect(self, endpoint: Endpoint) -> None:
-        peer = _Peer(endpoint=endpoint)
-        self._peers[endpoint.rank] = peer
+    def _connect(self, endpoint: Endpoint, serves: tuple[int, ...] = ()) -> None:
+        peer = Peer(endpoint=endpoint, serves=serves)
+        if serves:
+            self._agent_peers.append(peer)
+            self._via.update((r, peer) for r in serves)
+        else:
+            self._peers[endpoint.rank] = peer
         try:
             sock = socket.socket(socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET)
             sock.setblocking(False)
@@ -222,7 +155,7 @@ class LiveSource:
             if self._queued:
                 with self._lock:
                     for rank in self._queued:
-                        peer = self._peers.get(rank)
+                        peer = self._peers.get(rank) or self._via.get(rank)
                         if peer is not None and peer.sock is not None and peer.out:
                             self._flush(peer)
                     self._queued.clear()
@@ -255,7 +188,7 @@ class LiveSource:
                 peer.stuck_time = msg.time
                 self._deliver(RecordEntry(time=msg.time, rank=peer.endpoint.rank, message=msg))
 
-    def _flush(self, peer: _Peer) -> None:
+    def _flush(self, peer: Peer) -> None:
         assert peer.sock is not None
         try:
             while peer.out:
@@ -272,7 +205,7 @@ class LiveSource:
         except (KeyError, ValueError):
             pass
 
-    def _read(self, peer: _Peer) -> None:
+    def _read(self, peer: Peer) -> None:
         assert peer.sock is not None
         try:
             data = peer.sock.recv(1 << 20)
@@ -292,7 +225,7 @@ class LiveSource:
         for message in messages:
             self._on_message(peer, message)
 
-    def _on_message(self, peer: _Peer, message: Message) -> None:
+    def _on_message(self, peer: Peer, message: Message) -> None:
         rank, now = peer.endpoint.rank, time.time()
         if isinstance(message, Hello | AuthResult):
             try:
@@ -309,6 +242,9 @@ class LiveSource:
             if peer.handshake is not None and peer.handshake.done:
                 self._ready(peer)
             return
+        if peer.serves:
+            self._from_agent(peer, message)
+            return
         ident = getattr(message, "id", 0)
         fut = peer.waiting.pop(ident, None) if ident else None
         if fut is not None:
@@ -318,19 +254,37 @@ class LiveSource:
         if isinstance(message, StateMsg | HistoryMsg | StacksMsg | FrTraceMsg | ErrorMsg):
             self._deliver(RecordEntry(time=now, rank=rank, message=message))
 
-    def _ready(self, peer: _Peer) -> None:
+    def _from_agent(self, peer: Peer, message: Message) -> None:
+        """What a node agent sends: its ranks' events (on our clock), and replies."""
+        peer.heard_at = time.monotonic()
+        ident = getattr(message, "id", 0)
+        fut = peer.waiting.pop(ident, None) if ident else None
+        if isinstance(message, AgentReply):
+            peer.shift = time.time() - message.time
+            for entry in agents.reply_entries(message, time.time()):
+                self._deliver(entry)
+        elif isinstance(message, RecordEntry | ConnectionEvent | RankExit):
+            self._deliver(agents.shifted(message, peer.shift))
+        if fut is not None:
+            fut.set_result(message)
+
+    def _ready(self, peer: Peer) -> None:
         peer.ready = True
+        if peer.serves:  # subscribed first: nothing that happens after the catch-up is missed
+            self._send(peer, Request(command="subscribe", id=0))
+            self._send(peer, Request(command="history", id=0))
+            return
         self._deliver(ConnectionEvent(time=time.time(), rank=peer.endpoint.rank, status=CONNECTED))
         self._send(peer, Request(command="history", id=0))
         self._send(peer, Request(command="subscribe", id=0))
 
-    def _send(self, peer: _Peer, message: Message) -> None:
+    def _send(self, peer: Peer, message: Message) -> None:
         with self._lock:
             peer.out += encode_frame(message)
             if peer.sock is not None:
                 self._flush(peer)
 
-    def _deliver(self, event: RecordEntry | ConnectionEvent) -> None:
+    def _deliver(self, event: Event) -> None:
         if self._emit is None or self._stop.is_set():
             return
         try:
@@ -338,10 +292,16 @@ class LiveSource:
         except Exception as exc:  # a broken consumer must not kill the source
             log.warning("ddptop: event consumer failed: %s", exc)
 
-    def _lost(self, peer: _Peer, reason: str) -> None:
+    def _lost(self, peer: Peer, reason: str) -> None:
         was_ready = peer.ready
         self._close(peer, reason)
         if self._stop.is_set():
+            return
+        if peer.serves:  # the node agent is gone, and with it the view of its ranks
+            label = f"node agent at {peer.endpoint.host}:{peer.endpoint.port}"
+            why = reason if reason.startswith(label) else f"{label}: {reason}"
+            for rank in peer.serves:
+                self._deliver(ConnectionEvent(time=time.time(), rank=rank, status=LOST, reason=why))
             return
         if was_ready and self._read_remains:
             # The rank may have left last words on the way out (same host only). A rank whose
@@ -356,24 +316,13 @@ class LiveSource:
         """Deliver the end of ranks whose connection closed: their last words as soon as they
         are there, else "lost" once the process is gone or the wait ran out."""
         for rank, (peer, reason, since) in list(self._closing.items()):
-            state = last_words(peer.endpoint)
-            alive = discovery.pid_alive(peer.endpoint.pid)
-            waited = time.monotonic() - since
-            # A gone process gets a short grace too: its words may still be on their way to disk
-            # while the viewer already saw the socket close.
-            if state.status not in FINAL and waited < (LAST_WORDS_WAIT_S if alive else GONE_GRACE_S):
-                continue  # not yet: look again at the next turn of the loop
-            del self._closing[rank]
-            now = time.time()
-            if state.status in FINAL:
-                self._deliver(RecordEntry(time=now, rank=rank, message=StateMsg(state=state)))
-                why = reason
-            else:
-                process = "still runs" if alive else "is gone"
-                why = f"{reason}; no last words after {waited:.1f} s, its process {process}"
-            self._deliver(ConnectionEvent(time=now, rank=rank, status=LOST, reason=why))
+            events = end_after_close(peer.endpoint, reason, time.monotonic() - since, time.time())
+            if events is not None:  # else not yet: looked at again at the next turn of the loop
+                del self._closing[rank]
+                for event in events:
+                    self._deliver(event)
 
-    def _close(self, peer: _Peer, reason: str | None) -> None:
+    def _close(self, peer: Peer, reason: str | None) -> None:
         peer.ready = False
         for fut in peer.waiting.values():
             if not fut.done():

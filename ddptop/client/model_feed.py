@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, HistoryMsg, RecordEntry, StateMsg
+from ddptop.protocol import ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
 from ddptop.source import Event
 from ddptop.status import FINAL, Status
 
@@ -57,7 +57,8 @@ class ModelFeed:
                         self.gone.add(event.rank)
                 elif isinstance(message, HistoryMsg):
                     self.histories.add(event.rank)
-            elif isinstance(event, ConnectionEvent) and event.status == Status.LOST:
+            elif isinstance(event, RankExit) or (isinstance(event, ConnectionEvent)
+                                                 and event.status == Status.LOST):
                 self.gone.add(event.rank)
 
     def settled(self, ranks: Iterable[int], states: int = 1, history: bool = False) -> int:

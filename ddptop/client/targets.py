@@ -19,6 +19,7 @@ from pathlib import Path
 from ddptop import discovery
 from ddptop.agent import jobrecord
 from ddptop.agent.jobrecord import JobRecord
+from ddptop.client import agents
 from ddptop.discovery import Endpoint
 from ddptop.errors import TargetNotFound, UsageError
 
@@ -34,6 +35,7 @@ class JobTarget:
     endpoints: list[Endpoint]
     dead: list[Endpoint] = field(default_factory=list)
     record: Path | None = None  # the job's black-box record directory, when its agent kept one
+    via_agents: bool = False  # reach ranks through their node agents (see client.agents)
 
     @property
     def ended(self) -> bool:
@@ -78,7 +80,8 @@ def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint],
     if record is None:
         record = jobrecord.read_record(job_id) if discovery.is_safe_job_id(job_id) else None
     directory = jobrecord.job_dir(job_id) if record is not None else None
-    return JobTarget(job_id=job_id, world_size=world, endpoints=alive, dead=dead, record=directory)
+    return JobTarget(job_id=job_id, world_size=world, endpoints=alive, dead=dead, record=directory,
+                     via_agents=agents.via_agents(remote=False))
 
 
 def _ended(target: str) -> JobTarget:
@@ -136,4 +139,5 @@ def _from_store(target: str, timeout_s: float) -> JobTarget:
         raise TargetNotFound(f"no ddptop job published at {target}: {exc}") from None
     if not endpoints:
         raise TargetNotFound(f"no ddptop rank published at {target}")
-    return JobTarget(job_id=endpoints[0].job_id, world_size=world, endpoints=endpoints)
+    return JobTarget(job_id=endpoints[0].job_id, world_size=world, endpoints=endpoints,
+                     via_agents=agents.via_agents(remote=True))

@@ -105,7 +105,7 @@ class Reporter:
         self.endpoint = discovery.Endpoint(
             job_id=cfg.job_id, rank=cfg.rank, world_size=cfg.world_size, host=advertise,
             port=self.server.port, pid=os.getpid(), start_time=self.state.start_time,
-            node=self.state.host,
+            node=self.state.host, agent_port=cfg.agent_port,
         )
         discovery.write_record(self.endpoint)
         atexit.register(self.shutdown)

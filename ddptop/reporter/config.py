@@ -5,6 +5,7 @@
 | DDPTOP_BIND | 127.0.0.1 | address the rank's server binds (non-loopback needs a token) |
 | DDPTOP_PORT | 0 | port (0: any free port, published in the discovery record) |
 | DDPTOP_ADVERTISE | | host name/address published for multi-node viewers |
+| DDPTOP_AGENT_PORT | | the node agent's port (set by ``ddptop launch``), published with the rank |
 | DDPTOP_INTERVAL | 1.0 | sampling interval in seconds |
 | DDPTOP_HISTORY | 600 | samples kept in the ring buffer (10 min at 1 Hz) |
 | DDPTOP_JOB_ID | | job id (set by ``ddptop launch``; else torchrun's run id) |
@@ -20,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ddptop import auth
+from ddptop import auth, discovery
 
 
 @dataclass
@@ -35,6 +36,7 @@ class ReporterConfig:
     bind: str = "127.0.0.1"
     port: int = 0
     advertise: str = ""
+    agent_port: int = 0  # the node agent's endpoint, advertised beside the rank's own
     token: str | None = None
     interval_s: float = 1.0
     history_len: int = 600
@@ -72,6 +74,7 @@ def config_from_env(env: dict[str, str] | None = None) -> ReporterConfig:
         bind=env.get("DDPTOP_BIND", "127.0.0.1"),
         port=int(env.get("DDPTOP_PORT", "0") or 0),
         advertise=env.get("DDPTOP_ADVERTISE", ""),
+        agent_port=int(env.get(discovery.AGENT_PORT_ENV, "0") or 0),
         token=auth.load_token(),
         interval_s=max(0.05, _float(env, "DDPTOP_INTERVAL", 1.0)),
         history_len=min(100_000, max(10, int(_float(env, "DDPTOP_HISTORY", 600)))),  # protocol cap

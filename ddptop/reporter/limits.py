@@ -22,9 +22,13 @@ Module attributes, read at use, so tests can lower them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import selectors
+import socket
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from ddptop.protocol import ReporterStats
+from ddptop.wire import FrameBuffer
 
 MAX_CLIENT_OUTPUT = 8 * 1024 * 1024  # broadcast frames beyond this are dropped
 MAX_REPLY_OUTPUT = 4 * 1024 * 1024  # replies are not queued beyond this
@@ -83,3 +87,35 @@ class ServerCounters:
         stats.rejected_peers = self.rejected_peers
         stats.evicted_peers = self.evicted_peers
         stats.timed_out_peers = self.timed_out_peers
+
+
+class PeerOwner(Protocol):
+    """The server that serves a peer."""
+
+    def serve_peer(self, client: Peer, events: int) -> None:
+        """The selector saw *events* on *client*'s socket."""
+
+
+@dataclass(eq=False)
+class Peer:
+    """One connection to a rank's server, and where it stands against every limit above."""
+
+    owner: PeerOwner
+    sock: socket.socket
+    addr: str
+    created: float  # monotonic
+    bucket: TokenBucket
+    inbuf: FrameBuffer = field(default_factory=lambda: FrameBuffer(limit=MAX_REQUEST_BYTES))
+    out: bytearray = field(default_factory=bytearray)
+    nonce: str = ""
+    authed: bool = False
+    admitted: bool = False  # handshake complete: counted among viewers, not pending peers
+    subscribed: bool = False
+    events: int = selectors.EVENT_READ  # what the selector watches for this socket
+    last_request: float = 0.0  # monotonic
+    last_drain: float = 0.0  # monotonic: output last emptied or made progress
+    throttled_until: float = 0.0  # monotonic: requests unread until then (rate limit)
+
+    def on_ready(self, events: int) -> None:
+        """The selector saw *events* on this peer's socket."""
+        self.owner.serve_peer(self, events)

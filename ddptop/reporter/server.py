@@ -20,7 +20,6 @@ import selectors
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from ddptop import auth
 from ddptop.errors import ProtocolError
@@ -36,51 +35,33 @@ from ddptop.protocol import (
     Request,
 )
 from ddptop.reporter import limits
-from ddptop.reporter.limits import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES, ServerCounters, TokenBucket
+from ddptop.reporter.limits import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES, Peer, ServerCounters, TokenBucket
 from ddptop.reporter.server_loop import ServerLoop
-from ddptop.wire import FrameBuffer, encode_frame, header_bytes
+from ddptop.wire import encode_frame, header_bytes
 
 __all__ = ["MAX_CLIENT_OUTPUT", "MAX_REQUEST_BYTES", "ReporterServer", "ServerLoop"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Message]
+Respond = Callable[[Message], None]
+# Takes a request that cannot be answered at once (a node agent asks its ranks): True when
+# it did; it then calls the Respond it got, later, on the loop's thread (never from another).
+Deferrer = Callable[[Request, Respond], bool]
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
-
-
-@dataclass(eq=False)
-class _Client:
-    server: ReporterServer
-    sock: socket.socket
-    addr: str
-    created: float  # monotonic
-    bucket: TokenBucket
-    inbuf: FrameBuffer = field(default_factory=lambda: FrameBuffer(limit=MAX_REQUEST_BYTES))
-    out: bytearray = field(default_factory=bytearray)
-    nonce: str = ""
-    authed: bool = False
-    admitted: bool = False  # handshake complete: counted among viewers, not pending peers
-    subscribed: bool = False
-    events: int = _READ  # what the selector watches for this socket
-    last_request: float = 0.0  # monotonic
-    last_drain: float = 0.0  # monotonic: output last emptied or made progress
-    throttled_until: float = 0.0  # monotonic: requests unread until then (rate limit)
-
-    def on_ready(self, events: int) -> None:
-        """The selector saw *events* on this peer's socket."""
-        self.server._serve(self, events)
-
 
 class ReporterServer:
     """Accepts viewers of one rank and answers their requests through *handler*.
 
     Without *loop* the server makes and owns a private :class:`ServerLoop`; with one, many
     servers share it and whoever drives the loop serves them all. *max_output* overrides
-    the per-viewer cap on pushed state frames.
+    the per-viewer cap on pushed state frames. A node agent serves with *role* "agent"
+    and answers slow requests through *deferrer*.
     """
 
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
-                 handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None) -> None:
+                 handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None,
+                 role: str = "rank", deferrer: Deferrer | None = None) -> None:
         self._owns_loop = loop is None
         # A private loop is wakeable: the rank's exit should not wait out a poll timeout.
         self._loop = loop if loop is not None else ServerLoop(wakeable=True)
@@ -104,10 +85,12 @@ class ReporterServer:
         self._rank = rank
         self._job_id = job_id
         self._handler = handler
+        self._role = role
+        self._deferrer = deferrer
         self._max_output = max_output
-        self._clients: set[_Client] = set()
+        self._clients: set[Peer] = set()
         # Insertion-ordered: the oldest handshaking peer is evicted first.
-        self._pending: dict[_Client, None] = {}
+        self._pending: dict[Peer, None] = {}
         self._queued = 0  # bytes in every client's output, together
         self.counters = ServerCounters()
 
@@ -200,13 +183,13 @@ class ReporterServer:
         """Serve an already connected peer socket as if it had just been accepted."""
         sock.setblocking(False)
         now = time.monotonic()
-        client = _Client(server=self, sock=sock, addr=addr, created=now,
+        client = Peer(owner=self, sock=sock, addr=addr, created=now,
                          bucket=TokenBucket(limits.REQUEST_RATE, limits.REQUEST_BURST, now),
                          last_request=now, last_drain=now)
         self._clients.add(client)
         self._pending[client] = None
         self._loop.selector.register(sock, _READ, client)
-        hello = Hello(protocol=PROTOCOL_VERSION, role="rank", rank=self._rank, job_id=self._job_id)
+        hello = Hello(protocol=PROTOCOL_VERSION, role=self._role, rank=self._rank, job_id=self._job_id)
         if self._token:
             client.nonce = auth.new_nonce()
             hello.nonce, hello.auth_required = client.nonce, True
@@ -214,7 +197,7 @@ class ReporterServer:
             client.authed = True
         self._queue(client, header_bytes() + encode_frame(hello))
 
-    def _admit(self, client: _Client) -> None:
+    def _admit(self, client: Peer) -> None:
         """The handshake is complete: move *client* from the pending pool to the viewers."""
         self._pending.pop(client, None)
         client.admitted = True
@@ -249,13 +232,14 @@ class ReporterServer:
         """The listener is readable: accept a peer."""
         self._accept()
 
-    def _serve(self, client: _Client, events: int) -> None:
+    def serve_peer(self, client: Peer, events: int) -> None:
+        """The selector saw *events* on *client*'s socket."""
         if events & _READ and not client.throttled_until:
             self._read(client)
         if events & _WRITE and client in self._clients:
             self._flush(client)
 
-    def _read(self, client: _Client) -> None:
+    def _read(self, client: Peer) -> None:
         try:
             data = client.sock.recv(limits.RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -285,7 +269,7 @@ class ReporterServer:
         if client in self._clients:
             self._update_events(client)
 
-    def _dispatch(self, client: _Client, message: Message, now: float) -> None:
+    def _dispatch(self, client: Peer, message: Message, now: float) -> None:
         if not client.authed:
             if isinstance(message, AuthProof) and self._token and auth.verify(
                 self._token, client.nonce, message.mac
@@ -323,6 +307,8 @@ class ReporterServer:
         if len(client.out) >= limits.MAX_REPLY_OUTPUT:
             self.counters.dropped_replies += 1  # not even worth computing
             return
+        if self._deferrer is not None and self._deferrer(message, lambda m: self._reply_if_here(client, m)):
+            return
         try:
             reply = self._handler(message)
         except Exception as exc:  # a failing request must not kill the server
@@ -332,7 +318,7 @@ class ReporterServer:
 
     # ---------------------------------------------------------------- output
 
-    def _reply(self, client: _Client, reply: Message) -> None:
+    def _reply(self, client: Peer, reply: Message) -> None:
         """Queue an answer unless the peer's unread output (or everyone's) is over its cap."""
         try:
             frame = encode_frame(reply)
@@ -344,14 +330,18 @@ class ReporterServer:
             return
         self._queue(client, frame)
 
-    def _queue(self, client: _Client, frame: bytes) -> None:
+    def _reply_if_here(self, client: Peer, reply: Message) -> None:
+        if client in self._clients:  # a deferred answer to a peer that left is dropped
+            self._reply(client, reply)
+
+    def _queue(self, client: Peer, frame: bytes) -> None:
         if not client.out:
             client.last_drain = time.monotonic()
         client.out += frame
         self._queued += len(frame)
         self._flush(client)
 
-    def _flush(self, client: _Client) -> None:
+    def _flush(self, client: Peer) -> None:
         sent_any = False
         while client.out:
             try:
@@ -368,7 +358,7 @@ class ReporterServer:
             client.last_drain = time.monotonic()
         self._update_events(client)
 
-    def _update_events(self, client: _Client) -> None:
+    def _update_events(self, client: Peer) -> None:
         """Watch for writes while output is queued; stop reading while it is over the mark."""
         paused = len(client.out) > limits.PAUSE_READ_BYTES or bool(client.throttled_until)
         events = (0 if paused else _READ) | (_WRITE if client.out else 0)
@@ -389,7 +379,7 @@ class ReporterServer:
                 except (KeyError, ValueError, OSError):
                     pass
 
-    def _drop(self, client: _Client, reason: str | None) -> None:
+    def _drop(self, client: Peer, reason: str | None) -> None:
         if reason:
             log.warning("ddptop rank %s: dropped viewer %s: %s", self._rank, client.addr, reason)
         if client not in self._clients:

@@ -10,16 +10,15 @@ history is recomputed instead of stored (4096 rings of 600 samples would cost ~7
 Scenarios: ``healthy``; ``desync`` (one rank has another batches_per_epoch and, after
 ``desync_after_s``, sits in an all_gather while its peers wait in all_reduce at the same
 seq); ``stall`` (every rank pending in the first collective); ``lost`` (one rank's
-listener closes after ``lost_after_s``).
+listener closes after ``lost_after_s``). With ``ranks_per_agent`` (``--ranks-per-agent``)
+node agents serve the ranks too, one endpoint per K ranks (:mod:`.synthetic_agents`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -30,10 +29,11 @@ from types import TracebackType
 from ddptop import __version__, discovery
 from ddptop import protocol as proto
 from ddptop.discovery import Endpoint
-from ddptop.errors import DdptopError, UsageError
+from ddptop.errors import UsageError
 from ddptop.protocol import Message, RankState, Request, Sample
 from ddptop.reporter.server import ReporterServer, ServerLoop
-from ddptop.testing.synthetic_process import SyntheticProcess, ensure_fd_limit, run_in_subprocess
+from ddptop.testing.synthetic_agents import FakeAgents
+from ddptop.testing.synthetic_process import SyntheticProcess, ensure_fd_limit, main, run_in_subprocess
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class SyntheticJob:
     def __init__(self, n_ranks: int, job_id: str, scenario: str = "healthy", interval_s: float = 1.0,
                  runtime_dir: str | Path | None = None, *, seed: int = 0, fake_gpu: bool = False,
                  steps_per_s: float = 2.0, desync_after_s: float = 3.0, lost_after_s: float = 3.0,
-                 token: str | None = None, viewers: int = 1) -> None:
+                 token: str | None = None, viewers: int = 1, ranks_per_agent: int = 0) -> None:
         if n_ranks < 1 or scenario not in SCENARIOS or interval_s <= 0:
             raise UsageError(f"need ranks >= 1, interval > 0 and a scenario in {', '.join(SCENARIOS)}")
         self.n_ranks, self.job_id, self.scenario, self.interval_s = n_ranks, job_id, scenario, interval_s
@@ -249,6 +249,8 @@ class SyntheticJob:
                                   fake_gpu=fake_gpu, steps_per_s=steps_per_s,
                                   desync_after_s=desync_after_s)
         self.lost_after_s, self._token, self._viewers = lost_after_s, token, viewers
+        self._per_agent = ranks_per_agent  # > 0: node agents serve the ranks too (synthetic_agents)
+        self.agents: FakeAgents | None = None
         self.fake: FakeRanks | None = None
         self.endpoints: list[Endpoint] = []
         self._loop: ServerLoop | None = None
@@ -271,19 +273,22 @@ class SyntheticJob:
     def start(self) -> SyntheticJob:
         """Open every listener, write the records and start the serving thread."""
         # A listener and its viewer's connection per rank, plus one viewer per rank in this process.
-        ensure_fd_limit((1 + 2 * self._viewers) * self.n_ranks + 64)
+        ensure_fd_limit((1 + 2 * self._viewers) * self.n_ranks * (2 if self._per_agent else 1) + 64)
         t0 = time.time()
         self.fake = self._make_fake(t0=t0)
         self._loop = ServerLoop(wakeable=True)
         directory = self.runtime_dir
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
+            if self._per_agent > 0:
+                self.agents = FakeAgents(self.fake, self._per_agent, self._loop, self._token, self._ticks)
             for rank in range(self.n_ranks):
                 self._servers[rank] = server = ReporterServer(
                     "127.0.0.1", 0, self._token, rank, self.job_id, partial(self._handle, rank),
                     loop=self._loop, max_output=VIEWER_OUTPUT_CAP)
                 endpoint = Endpoint(self.job_id, rank, self.n_ranks, "127.0.0.1", server.port, os.getpid(),
-                                    start_time=t0, node=f"synth{rank // 8:04d}")
+                                    start_time=t0, node=f"synth{rank // 8:04d}",
+                                    agent_port=self.agents.port_of(rank) if self.agents else 0)
                 discovery.write_record(endpoint, directory)
                 self.endpoints.append(endpoint)
         except BaseException:
@@ -303,6 +308,8 @@ class SyntheticJob:
             self._thread = None
         for server in self._servers.values():
             server.close()
+        if self.agents is not None:
+            self.agents.close()
         if self._loop is not None:
             self._loop.close()
         self._servers, self._loop = {}, None
@@ -350,6 +357,8 @@ class SyntheticJob:
                     self._ticks[rank] = tick
                     if server.subscribers:  # nobody listening: skip building the state
                         server.broadcast(proto.StateMsg(state=fake.state(rank, tick, server.subscribers)))
+                    if self.agents is not None:
+                        self.agents.publish(rank, tick)
                 if self.scenario == "lost" and not lost and now >= fake.t0 + self.lost_after_s:
                     lost = True
                     self._servers.pop(fake.odd_rank).close()
@@ -358,42 +367,6 @@ class SyntheticJob:
             except Exception as exc:  # keep serving: a test must see the failure, not a dead generator
                 log.exception("synthetic job %s: %s", self.job_id, exc)
                 self._stop.wait(0.05)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: serve a synthetic job until --seconds pass or SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m ddptop.testing.synthetic",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, required=True)
-    parser.add_argument("--job-id", required=True)
-    parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between a rank's samples")
-    parser.add_argument("--seconds", type=float, default=0.0, help="stop after S s (0: never)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fake-gpu", action="store_true", help="report a fake NVIDIA GPU per rank (nccl)")
-    parser.add_argument("--steps-per-s", type=float, default=2.0)
-    parser.add_argument("--desync-after", type=float, default=3.0, help="desync: seconds until the hang")
-    parser.add_argument("--lost-after", type=float, default=3.0, help="lost: seconds until a rank vanishes")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="ddptop-synthetic: %(message)s")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    job = SyntheticJob(args.ranks, args.job_id, args.scenario, args.interval, seed=args.seed,
-                       fake_gpu=args.fake_gpu, steps_per_s=args.steps_per_s, desync_after_s=args.desync_after,
-                       lost_after_s=args.lost_after, token=os.environ.get("DDPTOP_TOKEN") or None, viewers=0)
-    try:
-        job.start()
-        ports = [e.port for e in job.endpoints]
-        print(f"ready: job {args.job_id}, {args.ranks} ranks ({args.scenario}, odd rank {job.odd_rank}) on "
-              f"127.0.0.1 ports {min(ports)}-{max(ports)}, records in {job.runtime_dir}", flush=True)
-        stop.wait(args.seconds if args.seconds > 0 else None)
-    except DdptopError as exc:
-        print(f"ddptop-synthetic: error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        job.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,137 @@
+"""The node's one endpoint: every local rank's events, to any number of viewers.
+
+A viewer of a 512-node job opens 512 connections, not 4096: it connects to each node's
+agent (``ddptop launch``), which already holds a subscription to every rank of its host
+and forwards what they send as the same events a viewer would have made itself
+(``RecordEntry``, ``ConnectionEvent``, ``RankExit``). The agent also knows what a viewer
+connecting to the ranks could not: how a dead rank ended, and where a silent one is stuck.
+
+It is a :class:`~ddptop.reporter.server.ReporterServer` with the role "agent", so the
+handshake, the token, and every limit on peers (output, request rate, idle time, number)
+are the ranks' own. Requests get an :class:`~ddptop.protocol.AgentReply`:
+
+* ``history`` (and ``state``): the catch-up, everything the agent knows about each rank
+  now (history, last state, stuck report, connection, exit);
+* ``subscribe``: from then on every event, as it arrives;
+* ``stacks`` / ``fr_trace``: asked of every local rank at once, on a worker thread (the
+  loop never waits for a rank), answered when the slowest one answered or timed out.
+
+Threads: the agent's threads call :meth:`publish`; one loop thread owns the sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ddptop.protocol import AgentReply, ConnectionEvent, ErrorMsg, Message, RankExit, RecordEntry, Request
+from ddptop.reporter.server import ReporterServer, Respond, ServerLoop
+
+log = logging.getLogger(__name__)
+
+Entry = RecordEntry | ConnectionEvent | RankExit
+CatchUp = Callable[[], list[Entry]]
+Ask = Callable[[str, float], list[Entry]]
+
+MAX_QUEUED = 50_000  # events waiting for the loop thread; beyond it the oldest are dropped
+SLOW_WORKERS = 2  # stacks / fr_trace requests asked of the ranks at once
+ASK_TIMEOUT_S = 4.0  # under a viewer's 5 s: the agent answers before the viewer gives up
+# An agent forwards every rank of its host: more room per viewer than one rank's server.
+MAX_VIEWER_OUTPUT = 32 * 1024 * 1024
+
+
+class NodeEndpoint:
+    """Serves one job's local ranks to viewers until :meth:`close`."""
+
+    def __init__(self, bind: str, port: int, token: str | None, job_id: str,
+                 catch_up: CatchUp, ask: Ask, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock  # the agent's wall clock, which need not be the viewer's
+        self._catch_up = catch_up
+        self._ask = ask
+        self._loop = ServerLoop(wakeable=True)
+        try:
+            self.server = ReporterServer(bind, port, token, -1, job_id, self._handle, loop=self._loop,
+                                         max_output=MAX_VIEWER_OUTPUT, role="agent", deferrer=self._defer)
+        except OSError:
+            self._loop.close()
+            raise
+        self.port = self.server.port
+        self.dropped = 0  # events not forwarded: the loop thread fell this far behind
+        self._lock = threading.Lock()
+        self._events: deque[Entry] = deque()
+        self._answers: deque[tuple[Respond, Message]] = deque()
+        self._slow = threading.BoundedSemaphore(SLOW_WORKERS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddptop-endpoint", daemon=True)
+        self._thread.start()
+
+    def publish(self, event: Entry) -> None:
+        """Forward *event* to every subscribed viewer (any thread; never blocks)."""
+        with self._lock:
+            if len(self._events) >= MAX_QUEUED:
+                self._events.popleft()
+                self.dropped += 1
+            self._events.append(event)
+        self._loop.wake()
+
+    def close(self) -> None:
+        """Stop serving: close every viewer's connection and the listener."""
+        self._stop.set()
+        self._loop.wake()
+        self._thread.join(timeout=2.0)
+        if not self._thread.is_alive():
+            self.server.close()
+            self._loop.close()
+
+    # ------------------------------------------------------------ the loop thread
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._loop.poll(0.5)
+                with self._lock:
+                    events, self._events = self._events, deque()
+                    answers, self._answers = self._answers, deque()
+                for event in events:
+                    self.server.broadcast(event)
+                for respond, reply in answers:
+                    respond(reply)
+            except Exception as exc:  # a viewer must never take the agent down
+                log.warning("ddptop agent endpoint: %s", exc)
+                self._stop.wait(0.1)
+
+    def _handle(self, request: Request) -> Message:
+        # On the loop thread: what the agent already knows, at once (to subscribe, the
+        # stream that follows is the answer).
+        entries = self._catch_up() if request.command in ("history", "state") else []
+        return AgentReply(time=self._clock(), entries=entries, id=request.id)
+
+    def _defer(self, request: Request, respond: Respond) -> bool:
+        if request.command not in ("stacks", "fr_trace"):
+            return False
+        if not self._slow.acquire(blocking=False):
+            respond(ErrorMsg(reason=f"{request.command}: the agent is busy with earlier requests",
+                             id=request.id))
+            return True
+        threading.Thread(target=self._ask_ranks, args=(request, respond), name="ddptop-endpoint-ask",
+                         daemon=True).start()
+        return True
+
+    def _ask_ranks(self, request: Request, respond: Respond) -> None:
+        try:
+            entries = self._ask(request.command, ASK_TIMEOUT_S)
+            reply: Message = AgentReply(time=self._clock(), entries=entries, id=request.id)
+        except Exception as exc:
+            reply = ErrorMsg(reason=f"{request.command} failed: {exc}", id=request.id)
+        finally:
+            self._slow.release()
+        if isinstance(reply, AgentReply):
+            for entry in reply.entries:
+                if isinstance(entry, RecordEntry):  # the viewer matches each rank's part by its id
+                    entry.message.id = request.id
+        with self._lock:
+            self._answers.append((respond, reply))
+        self._loop.wake()

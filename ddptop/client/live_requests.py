@@ -1,0 +1,160 @@
+"""A live source's requests (stacks, Flight Recorder) and their answers, per rank.
+
+A request goes either to one rank (one future, one rank) or to a node agent (one future
+for all the ranks it serves, answered by one :class:`~ddptop.protocol.AgentReply`):
+:class:`LiveRequests` sends them on :class:`Peer` connections that the selector thread of
+:class:`~ddptop.client.live.LiveSource` flushes; :func:`gather` waits for them all within
+one deadline and splits every agent's answer into its ranks' parts, as if each rank had
+answered itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from ddptop.client.collect import stuck_stacks
+from ddptop.client.handshake import Handshake
+from ddptop.discovery import Endpoint
+from ddptop.protocol import AgentReply, FrTraceMsg, Message, RecordEntry, Request, StacksMsg
+from ddptop.source import StacksResult
+from ddptop.wire import FrameBuffer, encode_frame
+
+
+@dataclass(eq=False)
+class Peer:
+    """One connection of a live source: to a rank, or to a node agent serving a few."""
+
+    endpoint: Endpoint
+    sock: socket.socket | None = None
+    buf: FrameBuffer = field(default_factory=FrameBuffer)
+    out: bytearray = field(default_factory=bytearray)
+    ready: bool = False
+    waiting: dict[int, Future[Message]] = field(default_factory=dict)
+    heard_at: float = field(default_factory=time.monotonic)  # last state (or the connect)
+    stuck_time: float = 0.0  # time of the last outside report delivered for it
+    handshake: Handshake | None = None  # of the current connection
+    serves: tuple[int, ...] = ()  # a node agent's peer: the ranks it serves (empty for a rank)
+    shift: float = 0.0  # a node agent's peer: our clock minus the agent's
+
+
+class LiveRequests:
+    """The requests half of :class:`~ddptop.client.live.LiveSource` (which sets these up)."""
+
+    _peers: dict[int, Peer]  # ranks reached directly
+    _via: dict[int, Peer]  # rank -> the node agent's peer that serves it
+    _lock: threading.Lock  # guards peer output buffers and waiting futures
+    _queued: set[int]  # ranks whose peer has output for the selector thread to flush
+    _next_id: int
+    _read_stuck: bool
+    _wake_w: socket.socket  # writing to it wakes the selector thread
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def request_stacks(self, ranks: Sequence[int] | None = None, timeout: float = 5.0) -> StacksResult:
+        """Every selected rank's stacks; ranks that fail are listed with why."""
+        errors: dict[int, str] = {}
+        replies = gather(self._request_all("stacks", ranks, errors), timeout, errors)
+        return stacks_result(replies, errors, self._outside)
+
+    def request_fr_traces(self, ranks: Sequence[int] | None = None,
+                          timeout: float = 5.0) -> dict[int, FrTraceMsg]:
+        """Flight Recorder dumps of the selected ranks (failures as FrTraceMsg.error)."""
+        errors: dict[int, str] = {}
+        return fr_traces(gather(self._request_all("fr_trace", ranks, errors), timeout, errors), errors)
+
+    def _outside(self, rank: int) -> StacksMsg | None:
+        # A rank that cannot answer: what the node agent read from outside (ranks reached
+        # through an agent got that from the agent already).
+        peer = self._peers.get(rank)
+        return stuck_stacks(peer.endpoint) if peer is not None and self._read_stuck else None
+
+    def _request_all(self, command: str, ranks: Sequence[int] | None, errors: dict[int, str]) -> Asked:
+        futures: Asked = {}
+        wanted = [*self._peers, *self._via] if ranks is None else list(ranks)
+        by_agent: dict[int, list[int]] = {}  # one request per node agent, for all its ranks
+        with self._lock:
+            for rank in wanted:
+                peer = self._peers.get(rank) or self._via.get(rank)
+                if peer is None or peer.sock is None or not peer.ready:
+                    errors[rank] = "not connected"
+                elif peer.serves:
+                    by_agent.setdefault(id(peer), []).append(rank)
+                else:
+                    futures[(rank,)] = self._ask(peer, command, rank)
+            for served in by_agent.values():
+                futures[tuple(served)] = self._ask(self._via[served[0]], command, served[0])
+        self._wake()
+        return futures
+
+    def _ask(self, peer: Peer, command: str, rank: int) -> Future[Message]:
+        # Under self._lock: queue one request on *peer*, flushed by the selector thread.
+        self._next_id += 1
+        fut: Future[Message] = Future()
+        peer.waiting[self._next_id] = fut
+        peer.out += encode_frame(Request(command=command, id=self._next_id))
+        self._queued.add(rank)
+        return fut
+
+    # ------------------------------------------------------------ the thread
+
+
+Asked = dict[tuple[int, ...], Future[Message]]  # the ranks a request was for -> its answer
+
+
+def gather(futures: Asked, timeout: float, errors: dict[int, str]) -> dict[int, Message]:
+    """Every asked rank's answer; ranks without one go into *errors* with why."""
+    deadline = time.monotonic() + timeout
+    replies: dict[int, Message] = {}
+    for asked, fut in futures.items():
+        try:
+            reply = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            errors.update((r, f"no answer within {timeout:g} s") for r in asked)
+            continue
+        except Exception as exc:
+            errors.update((r, str(exc)) for r in asked)
+            continue
+        if isinstance(reply, AgentReply):  # each rank's part, as if it had answered itself
+            parts = {e.rank: e.message for e in reply.entries if isinstance(e, RecordEntry)}
+            for rank in asked:
+                if rank in parts:
+                    replies[rank] = parts[rank]
+                else:
+                    errors[rank] = "its node agent had no answer from it"
+        else:
+            replies.update((r, reply) for r in asked)
+    return replies
+
+
+def stacks_result(replies: dict[int, Message], errors: dict[int, str],
+                  outside: Callable[[int], StacksMsg | None]) -> StacksResult:
+    """Stacks of the ranks that answered; a rank that could not gets what *outside* read of
+    it (the node agent's report), else stays in the errors with why."""
+    stacks = {r: m for r, m in replies.items() if isinstance(m, StacksMsg)}
+    for r, m in replies.items():
+        if not isinstance(m, StacksMsg):
+            errors[r] = getattr(m, "reason", "unexpected reply")
+    for r in list(errors):
+        found = outside(r)
+        if found is not None:
+            stacks[r] = found
+            del errors[r]
+    return StacksResult(stacks, errors)
+
+
+def fr_traces(replies: dict[int, Message], errors: dict[int, str]) -> dict[int, FrTraceMsg]:
+    """Flight Recorder dumps; a rank without one gets a dump that says why (``error``)."""
+    out = {r: m for r, m in replies.items() if isinstance(m, FrTraceMsg)}
+    for r, why in errors.items():
+        out[r] = FrTraceMsg(rank=r, time=time.time(), error=why)
+    return out
