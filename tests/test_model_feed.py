@@ -7,12 +7,16 @@ counts as settled, and folding on one thread while another reads.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from ddptop.client.model_feed import ModelFeed
+from ddptop.model.job import JobModel
+from ddptop.model.outcome import first_failure, resolved_status
 from ddptop.protocol import (
     ConnectionEvent,
     HistoryMsg,
+    RankExit,
     RankState,
     RecordEntry,
     StateMsg,
@@ -93,3 +97,47 @@ def test_folding_on_one_thread_while_another_reads() -> None:
     assert sum(feed.states.values()) == n
     assert feed.copy().ranks[3].state is not None
     assert feed.settled(range(4), states=n // 4) == 4
+
+
+def _mixed_model(now: float) -> JobModel:
+    """Ranks in every situation statuses() tells apart."""
+    model = JobModel("mf", 8)
+    for rank in range(8):
+        model.apply(state(rank, now - 1, 10))
+    model.apply(state(1, now - 30, 10))  # stale: nothing for 30 s
+    model.apply(RankExit(time=now - 3, rank=2, pid=102, signal="SIGSEGV"))  # the first failure
+    model.apply(RankExit(time=now - 2, rank=3, pid=103, signal="SIGTERM"))  # torn down after it
+    model.apply(state(4, now - 2, 12, status=Status.EXITED))  # said goodbye
+    model.apply(ConnectionEvent(time=now - 2, rank=5, status=Status.LOST, reason="closed"))
+    model.apply(ConnectionEvent(time=now - 1, rank=9, status="connected"))  # never sent a state
+    return model
+
+
+def test_statuses_match_each_views_own_ending_with_job_context() -> None:
+    """statuses() takes a shortcut for ranks that have not ended (thousands per redraw):
+    it must say what each view's ending, resolved against the first failure, says."""
+    now = 1000.0
+    model = _mixed_model(now)
+    ends = {r: e for r, v in model.ranks.items() if (e := v.ending()) is not None}
+    first = first_failure(ends.values())
+    expected = {r: resolved_status(ends[r], first) if r in ends else v.live_status(now)
+                for r, v in sorted(model.ranks.items())}
+    got = model.statuses(now)
+    assert got == expected and list(got) == sorted(got)
+    assert [got[r] for r in (0, 1, 2, 3, 4, 5, 9)] == [
+        Status.RUNNING, Status.STALE, Status.CRASHED, Status.TORN_DOWN, Status.EXITED, Status.LOST,
+        "starting"]
+
+
+def test_shared_copy_keeps_every_field_and_shares_the_histories() -> None:
+    """The dashboard's background diagnosis works on this copy: an exit or a stuck report
+    left out would hide a crash or a wedged rank in jobs of 256 ranks and more."""
+    model = _mixed_model(1000.0)
+    copy = model.shared_copy()
+    assert copy.ranks.keys() == model.ranks.keys()
+    for rank, view in model.ranks.items():
+        twin = copy.ranks[rank]
+        assert twin is not view and twin.history is view.history
+        for f in dataclasses.fields(view):
+            assert getattr(twin, f.name) == getattr(view, f.name), (rank, f.name)
+    assert copy.statuses(1000.0) == model.statuses(1000.0)

@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.widgets import Footer
 
 from ddptop.diagnosis.finding import Finding
-from ddptop.model.job import JobModel, RankView
+from ddptop.model.job import JobModel
 from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
@@ -202,15 +202,11 @@ class DdptopApp(App[int]):
 
     def _diagnose_in_background(self, now: float) -> None:
         # The worker gets its own JobModel of the moment: the current state objects (never
-        # mutated, only replaced) and each rank's history deque itself, not a copy. Copying
-        # 4096 windows of samples cost the UI thread 20-40 ms; the diagnosis reads a deque
-        # only through C-level calls (bisect, list) that hold the GIL throughout, so appends
-        # by the UI thread cannot interleave with them (see recent_samples).
-        job = JobModel(job_id=self.model.job_id, world_size=self.model.world_size)
-        job.ranks = {rank: RankView(rank=rank, state=view.state, received_at=view.received_at,
-                                    connection=view.connection,
-                                    connection_reason=view.connection_reason, history=view.history)
-                     for rank, view in self.model.ranks.items()}
+        # mutated, only replaced), exits and stuck reports, and each rank's history deque
+        # itself, not a copy; the diagnosis reads a deque only through C-level calls (bisect,
+        # list) that hold the GIL throughout, so appends by the UI thread cannot interleave
+        # with them (see recent_samples).
+        job = self.model.shared_copy()
         self._diagnosing = True
 
         def work() -> None:
