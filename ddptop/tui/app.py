@@ -172,7 +172,9 @@ class DdptopApp(App[int]):
         return self.clock()
 
     def _tick(self) -> None:
-        if self.paused:
+        # While the app shuts down its widgets go before its timers: a tick then has no table
+        # to redraw (seen at 4096 ranks, where a redraw outlasts the teardown's first steps).
+        if self.paused or not self.query(RankTable):
             return
         wall = time.monotonic()
         if self._dirty or wall - self._last_redraw >= QUIET_REDRAW_S:
@@ -224,6 +226,8 @@ class DdptopApp(App[int]):
 
     def _show_findings(self, found: list[Finding]) -> None:
         self.findings = found
+        if not self.query(FindingsPanel):  # the worker finished while the app shut down
+            return
         self.query_one(FindingsPanel).show(found)
         self.query_one(JobHeader).show(self.model, self.now(), worst(found),
                                        "replay" if self.replay else "live", self.paused)
