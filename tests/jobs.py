@@ -26,6 +26,16 @@ PROBES = ROOT / "probes"
 BIN = Path(sys.executable).parent
 
 
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll *predicate* until it holds; fail naming *what* after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def ddptop_cmd(*args: str) -> list[str]:
     """Command line running the ddptop CLI of this checkout."""
     return [sys.executable, "-m", "ddptop", *args]

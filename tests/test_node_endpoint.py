@@ -10,7 +10,7 @@ loss is the loss of all its ranks, named. Every wait is bounded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,19 +33,11 @@ from ddptop.protocol import (
     ThreadStack,
 )
 from ddptop.status import Status
+from tests.jobs import wait_until
 
 TOKEN = "endpoint-test-token"
 JOB = "ep"
 RANKS = (0, 1, 2, 3)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def state(rank: int, t: float, step: int) -> RankState:
@@ -111,7 +103,7 @@ def test_one_connection_carries_every_rank_and_its_requests(node: tuple[NodeEndp
     endpoint, ranks = node
     source, feed = viewer(endpoint.port, TOKEN)
     try:
-        wait_until(lambda: feed.settled(RANKS, history=True) == 4, "every rank's history and state")
+        wait_until(lambda: feed.settled(RANKS, history=True) == 4, 10.0, "every rank's history and state")
         assert endpoint.server.client_count == 1  # one viewer, one connection, four ranks
         with feed.lock:
             steps = {r: v.state.step for r, v in feed.model.ranks.items() if v.state}
@@ -121,7 +113,7 @@ def test_one_connection_carries_every_rank_and_its_requests(node: tuple[NodeEndp
         now = time.time()
         endpoint.publish(RecordEntry(time=now, rank=2, message=StateMsg(state=state(2, now, 99))))
         endpoint.publish(RankExit(time=now, rank=3, pid=1003, host="node-a", signal="SIGKILL"))
-        wait_until(lambda: 3 in feed.gone, "rank 3's exit")
+        wait_until(lambda: 3 in feed.gone, 10.0, "rank 3's exit")
         with feed.lock:
             view2, view3 = feed.model.ranks[2], feed.model.ranks[3]
             assert view2.state is not None and view2.state.step == 99
@@ -134,7 +126,7 @@ def test_one_connection_carries_every_rank_and_its_requests(node: tuple[NodeEndp
         assert result.errors == {3: "no answer within 4 s"}
         # The agent goes away: every rank it served is lost, and the reason names it.
         endpoint.close()
-        wait_until(lambda: feed.gone == set(RANKS), "every served rank lost")
+        wait_until(lambda: feed.gone == set(RANKS), 10.0, "every served rank lost")
         with feed.lock:
             reasons = {r: feed.model.ranks[r].connection_reason for r in (0, 1, 2)}
         where = f"node agent at 127.0.0.1:{endpoint.port}"
@@ -151,7 +143,7 @@ def test_catch_up_keeps_the_age_of_what_the_agent_knows(runtime_dir: Path) -> No
     endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, ranks.catch_up, ranks.ask, clock=ranks.clock)
     source, feed = viewer(endpoint.port, TOKEN)
     try:
-        wait_until(lambda: feed.settled(RANKS) == 4, "the catch-up")
+        wait_until(lambda: feed.settled(RANKS) == 4, 10.0, "the catch-up")
         now = time.time()
         with feed.lock:
             ages = [now - v.received_at for v in feed.model.ranks.values()]
@@ -167,12 +159,12 @@ def test_a_wrong_token_is_refused_and_said_so(node: tuple[NodeEndpoint, FakeRank
     endpoint, _ = node
     source, feed = viewer(endpoint.port, "not-the-token")
     try:
-        wait_until(lambda: feed.gone == set(RANKS), "every rank given up")
+        wait_until(lambda: feed.gone == set(RANKS), 10.0, "every rank given up")
         with feed.lock:
             assert not feed.states  # nothing was served
             reasons = {feed.model.ranks[r].connection_reason for r in RANKS}
         assert len(reasons) == 1, reasons
         assert f"node agent at 127.0.0.1:{endpoint.port} refused the token" in reasons.pop()
-        wait_until(lambda: endpoint.server.rejected_peers == 1, "the refusal counted by the agent")
+        wait_until(lambda: endpoint.server.rejected_peers == 1, 10.0, "the refusal counted by the agent")
     finally:
         source.stop()

@@ -30,18 +30,9 @@ from ddptop.reporter.collectives import pending_from_fr
 from ddptop.source import Event
 from ddptop.testing.synthetic import FakeRanks, SyntheticJob, ensure_fd_limit, run_in_subprocess
 from ddptop.wire import HEADER, LENGTH, encode_frame, header_bytes
+from tests.jobs import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll *predicate* until it holds; fail naming *what* after *timeout* seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Attached:
