@@ -128,10 +128,8 @@ class NodeEndpoint:
             reply = ErrorMsg(reason=f"{request.command} failed: {exc}", id=request.id)
         finally:
             self._slow.release()
-        if isinstance(reply, AgentReply):
-            for entry in reply.entries:
-                if isinstance(entry, RecordEntry):  # the viewer matches each rank's part by its id
-                    entry.message.id = request.id
+        # The reply's own id is what the viewer matches; the entries stay as the model holds
+        # them (a stuck rank's stacks are shared with it and must not be written to here).
         with self._lock:
             self._answers.append((respond, reply))
         self._loop.wake()
