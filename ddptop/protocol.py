@@ -52,6 +52,12 @@ class PendingOp(msgspec.Struct, gc=False, kw_only=True):
     started_at: float = 0.0  # wall clock (epoch seconds) the op was enqueued
     timeout_s: float | None = None
     state: str = ""  # FR state: scheduled / started / completed
+    # Point-to-point ops (send/recv) from a Flight Recorder: ``seq`` is then the group's
+    # collective seq at the time, ``p2p_seq`` FR's p2p counter, ``peer`` the *global* rank at
+    # the other end (None where it cannot be told).
+    is_p2p: bool = False
+    p2p_seq: int = 0
+    peer: int | None = None
 
 
 class CollectiveGroup(msgspec.Struct, gc=False, kw_only=True):
@@ -73,6 +79,12 @@ class CollectiveGroup(msgspec.Struct, gc=False, kw_only=True):
     # Recorder read: filled only in last words (exception, SIGTERM, exit), where a post-mortem
     # compares them across ranks to find the first seq at which they ran different ops.
     recent: Annotated[list[PendingOp], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    # The group's members as global ranks (FR's pg_config), empty where unknown: what lets a
+    # post-mortem follow a wait from one group into another (a TP all-reduce waiting on a
+    # rank that is itself stuck in a PP recv).
+    ranks: Annotated[list[int], msgspec.Meta(max_length=1 << 17)] = []
+    # The last seq FR saw completed on this group (pg_status), None where unknown.
+    last_completed: int | None = None
 
 
 class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
