@@ -150,13 +150,15 @@ def test_row_builder_reuses_unchanged_rows_and_equals_a_fresh_build() -> None:
     model = model_of([state(r, seq=300) for r in range(4)])
     builder = RowBuilder()
     first = builder.build(model, NOW)
-    assert first == build_rows(model, NOW)
+    # Against the states themselves, not against build_rows (the same builder, memo empty).
+    assert [(r.rank, r.seq, r.status, r.marks) for r in first] == [(r, 300, "running", []) for r in range(4)]
     # Rank 1 moves on; rank 2 stops (its seq is now behind and stuck): marks of others change too.
     model.apply(RecordEntry(time=NOW + 1, rank=1, message=StateMsg(state=state(1, seq=310, t=NOW + 1))))
     model.apply(RecordEntry(time=NOW + 1, rank=2, message=StateMsg(
         state=state(2, seq=290, stuck=True, t=NOW + 1))))
     second = builder.build(model, NOW + 1)
-    assert second == build_rows(model, NOW + 1)
+    assert second == build_rows(model, NOW + 1)  # the memo's rows equal a fresh builder's
+    assert (second[1].seq, second[2].seq) == (310, 290) and desync.LAG_SEQ in second[2].marks
     assert second[0] is first[0] and second[3] is first[3]  # untouched ranks: the same row objects
     assert second[1] is not first[1] and second[1].seq == 310
     assert desync.LAG_SEQ in second[2].marks and second[2].seq_lag == 20

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddptop import __version__, auth, discovery
 from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, Event, FindingsRecord, HostFacts, Manifest
-from ddptop.bundle.reader import build_model, end_time
+from ddptop.bundle.reader import Contents, build_model, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource
@@ -193,27 +193,36 @@ def export_record(target: JobTarget, path: str | os.PathLike[str],
     the moment the record ends: the same bundle an export of the live job would have been.
     """
     assert target.record is not None
+    return export_contents(read_recording(target.record), path, job_id=target.job_id,
+                           world_size=target.world_size, progress=progress,
+                           note="from the record of an ended job")
+
+
+def export_contents(contents: Contents, path: str | os.PathLike[str], *, job_id: str, world_size: int,
+                    progress: Progress | None = None, note: str) -> ExportSummary:
+    """A bundle of what a file, a record or a set of evidence files holds (already read)."""
     began = time.monotonic()
     report: Progress = progress or (lambda stage, done, total: None)
-    contents = read_recording(target.record)
+    target_job, target_world = job_id, world_size
     model = build_model(contents)
     end = end_time(contents)
     states = [v.state for v in model.ranks.values() if v.state is not None]
-    world = max(target.world_size, model.world_size)
+    world = max(target_world, model.world_size)
     manifest = Manifest(schema_version=SCHEMA_VERSION, kind="bundle", created=time.time(),
-                        job_id=target.job_id, world_size=world, ddptop_version=__version__,
-                        hosts=sorted({s.host for s in states}), unanswered={},
-                        note=f"exported from the record of an ended job ({len(contents.events)} events)")
+                        job_id=target_job, world_size=world, ddptop_version=__version__,
+                        hosts=sorted({s.host for s in states}), unanswered=dict(contents.manifest.unanswered),
+                        note=f"exported {note} ({len(contents.events)} events)")
     findings = _findings(model, end)
     report("writing", 0, 1)
     writer = write_bundle(path, manifest, contents.events, host_facts(states),
-                          list(contents.crash_files.values()), findings, "export of an ended job")
+                          list(contents.crash_files.values()), findings, f"export {note}")
     report("writing", 1, 1)
-    return ExportSummary(path=Path(path), job_id=target.job_id, world_size=world,
-                         answered=sorted(s.rank for s in states), unanswered={},
+    return ExportSummary(path=Path(path), job_id=target_job, world_size=world,
+                         answered=sorted(s.rank for s in states),
+                         unanswered=dict(contents.manifest.unanswered),
                          frames=writer.frames, size_bytes=writer.bytes_written,
                          seconds=time.monotonic() - began, findings=len(findings.findings),
-                         notes=["from the record of an ended job"])
+                         notes=[note])
 
 
 def write_bundle(path: str | os.PathLike[str], manifest: Manifest, events: list[Event],

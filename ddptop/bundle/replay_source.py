@@ -32,9 +32,10 @@ class ReplaySource:
 
     live = False
 
-    def __init__(self, path: str | os.PathLike[str],
+    def __init__(self, path: str | os.PathLike[str] | Contents,
                  checkpoint_every: int = CHECKPOINT_EVERY) -> None:
-        self.contents: Contents = read_recording(path)
+        # Contents already read: evidence folded from dumps and logs (ddptop.evidence).
+        self.contents: Contents = path if isinstance(path, Contents) else read_recording(path)
         self.manifest: Manifest = self.contents.manifest
         self.warnings: list[str] = list(self.contents.warnings)
         self.description = (f"{self.manifest.kind} of job {self.manifest.job_id} "

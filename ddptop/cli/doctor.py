@@ -16,7 +16,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 from rich.console import Console
@@ -24,13 +23,15 @@ from rich.table import Table
 from rich.text import Text
 
 from ddptop import auth
-from ddptop.bundle.record_dir import load_recording_model
+from ddptop.bundle.reader import build_model, end_time
+from ddptop.cli.evidence_args import evidence_paths, warn
 from ddptop.client.collect import stuck_entries
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
 from ddptop.errors import DdptopError, FindingsPresent, UsageError
+from ddptop.evidence.scan import load_evidence
 from ddptop.model.job import JobModel
 from ddptop.textfmt import human_duration, rank_ranges
 
@@ -46,9 +47,10 @@ _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add doctor's options."""
-    parser.add_argument("target", nargs="?",
-                        help="job id, MASTER_ADDR:MASTER_PORT, or a recording/bundle file "
-                             "(default: the only job here)")
+    parser.add_argument("target", nargs="*",
+                        help="job id, MASTER_ADDR:MASTER_PORT, a recording/bundle file, or the evidence a "
+                             "job left (folders or files of Flight Recorder dumps, torchrun's log, "
+                             "torchelastic error files) (default: the only job here)")
     parser.add_argument("--json", action="store_true", help='print {"findings": [...]} (a stable interface)')
     parser.add_argument("--watch", type=float, default=DEFAULT_WATCH_S, metavar="SECONDS",
                         help=f"observe a live job for up to SECONDS (default {DEFAULT_WATCH_S:g})")
@@ -59,15 +61,7 @@ def run(args: argparse.Namespace) -> int:
     watch = float(args.watch)
     if not 0 < watch <= MAX_WATCH_S:
         raise UsageError(f"--watch must be between 0 and {MAX_WATCH_S:g} seconds, not {args.watch}")
-    if args.target and Path(args.target).exists():
-        model, now = load_recording_model(Path(args.target))
-    else:
-        target = resolve(args.target)
-        if target.ended:
-            assert target.record is not None
-            model, now = load_recording_model(target.record)
-        else:
-            model, now = observe(target, watch)
+    model, now = load_target(args.target, watch)
     findings = findings_for_model(model, now)
     report = FindingsReport(findings=findings, job_id=model.job_id, time=now)
     if args.json:
@@ -81,6 +75,23 @@ def run(args: argparse.Namespace) -> int:
         raise FindingsPresent(f"{len(bad)} finding(s) of warning or worse: "
                               + ", ".join(f"{k} x{n}" if n > 1 else k for k, n in kinds.items()))
     return 0
+
+
+def load_target(targets: list[str], watch_s: float) -> tuple[JobModel, float]:
+    """The job the command line names, as a model and the moment it describes: evidence
+    files (dumps, logs, recordings), an ended job's record, or a live job watched for a while."""
+    paths = evidence_paths(targets)
+    if paths:
+        contents = load_evidence(paths)
+        warn(contents.warnings)
+        return build_model(contents), end_time(contents)
+    target = resolve(targets[0] if targets else None)
+    if target.ended:
+        assert target.record is not None
+        contents = load_evidence([target.record], job_id=target.job_id)
+        warn(contents.warnings)
+        return build_model(contents), end_time(contents)
+    return observe(target, watch_s)
 
 
 def observe(target: JobTarget, watch_s: float,

@@ -11,16 +11,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddptop.bundle.export import export_bundle, export_record
+from ddptop.bundle.export import export_bundle, export_contents
+from ddptop.cli.evidence_args import evidence_paths, warn
 from ddptop.client.collect import target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
+from ddptop.evidence.scan import load_evidence
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add export's options."""
-    parser.add_argument("target", nargs="?",
-                        help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here)")
+    parser.add_argument("target", nargs="*",
+                        help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here), or the "
+                             "evidence a job left (folders or files of Flight Recorder dumps, torchrun log, "
+                             "torchelastic error files, recordings)")
     parser.add_argument("-o", "--output", required=True, help="bundle file to write")
     parser.add_argument("--timeout", type=float, default=5.0, help="per-stage timeout in seconds")
 
@@ -32,9 +36,23 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the bundle, print a one-line summary; exit 3 if some ranks did not answer."""
-    target = resolve(args.target, store_timeout_s=args.timeout)
+    paths = evidence_paths(args.target)
+    if paths:
+        contents = load_evidence(paths)
+        warn(contents.warnings)
+        summary = export_contents(contents, args.output, job_id=contents.manifest.job_id,
+                                  world_size=contents.manifest.world_size, progress=_progress,
+                                  note=f"from evidence files ({contents.manifest.note})")
+        print(summary.line(), file=sys.stderr)
+        return 0
+    target = resolve(args.target[0] if args.target else None, store_timeout_s=args.timeout)
     if target.ended:
-        print(export_record(target, args.output, progress=_progress).line(), file=sys.stderr)
+        assert target.record is not None
+        contents = load_evidence([target.record], job_id=target.job_id)
+        warn(contents.warnings)
+        print(export_contents(contents, args.output, job_id=target.job_id, world_size=target.world_size,
+                              progress=_progress, note="from the record of an ended job").line(),
+              file=sys.stderr)
         return 0
     summary = export_bundle(target, args.output, progress=_progress if sys.stderr else None,
                             timeout=args.timeout)

@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         # The job matters more than watching it: run it, blind, and say why once.
         print(f"ddptop: {exc}; running the job without ddptop", file=sys.stderr)
         env["DDPTOP_DISABLE"] = "1"
+    if agent is not None and cap > 0:
+        _fr_dumps_into_record(env, job_id)
     if agent is not None:
         _job_token_quietly(job_id)
         print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
@@ -162,6 +164,23 @@ def _serve_metrics(agent: NodeAgent, listen: tuple[str, int]) -> None:
     except OSError as exc:
         print(f"ddptop: no metrics: cannot listen on {listen[0]}:{listen[1]}: {exc.strerror or exc}",
               file=sys.stderr)
+
+
+FR_DUMP_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # today's name, then the old
+FR_DUMP_PREFIX = "fr_trace_rank_"
+
+
+def _fr_dumps_into_record(env: dict[str, str], job_id: str) -> None:
+    """Point NCCL's Flight Recorder dump on a watchdog timeout into the job's record, so
+    ``ddptop doctor JOB`` reads it with everything else; a user's own choice is kept."""
+    if any(env.get(name) for name in FR_DUMP_ENVS):
+        return
+    try:
+        prefix = str(jobrecord.job_dir(job_id, create=True) / FR_DUMP_PREFIX)
+    except (OSError, ValueError):
+        return  # no record directory: the dumps go where torch puts them by default
+    for name in FR_DUMP_ENVS:
+        env[name] = prefix
 
 
 def record_cap(option_mb: float | None) -> int:

@@ -7,19 +7,21 @@ check a file. A damaged recording opens up to the damage, with a warning on stde
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 from ddptop.bundle.replay_source import ReplaySource
+from ddptop.cli.evidence_args import evidence_paths, warn
 from ddptop.client.targets import resolve
 from ddptop.errors import TargetNotFound
+from ddptop.evidence.scan import load_evidence
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add replay's options."""
-    parser.add_argument("file", help="a recording (ddptop record), a bundle (ddptop export), or the id of "
-                                     "a job on this host (its black-box record)")
+    parser.add_argument("file", nargs="+",
+                        help="a recording (ddptop record), a bundle (ddptop export), the id of a job on this "
+                             "host (its black-box record), or the evidence a job left (folders or files of "
+                             "Flight Recorder dumps, torchrun's log, torchelastic error files)")
     parser.add_argument("--info", action="store_true", help="print what the file holds and exit")
 
 
@@ -47,15 +49,15 @@ def describe(source: ReplaySource) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load the file (errors are one line), then open the dashboard on it."""
-    path = Path(args.file)
-    if not path.exists():
-        target = resolve(args.file)
+    paths = evidence_paths(args.file)
+    job_id = ""
+    if not paths:
+        target = resolve(args.file[0])
         if target.record is None:
             raise TargetNotFound(f"job {target.job_id} left no record on this host (recording was off?)")
-        path = target.record
-    source = ReplaySource(path)
-    for warning in source.warnings:
-        print(f"ddptop: warning: {args.file}: {warning}", file=sys.stderr)
+        paths, job_id = [target.record], target.job_id
+    source = ReplaySource(load_evidence(paths, job_id=job_id))
+    warn(source.warnings)
     if args.info:
         print(describe(source))
         return 0

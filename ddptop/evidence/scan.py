@@ -1,0 +1,160 @@
+"""Find and read the evidence in the paths a person names: recognised by content, capped.
+
+``ddptop doctor|replay|export PATH...`` takes folders and files: Flight Recorder dumps
+(pickle or JSON, any prefix or host in the name), torchrun's log, torchelastic's error
+files, ddptop recordings, bundles and black-box records, or a mix. Each file is recognised
+by its first bytes, never by its name; what cannot be read is a one-line warning naming it
+while the rest is analysed. Links are not followed, folders are walked to a bounded depth,
+and the number of files and bytes read is capped per set.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddptop.bundle.format import GZIP_MAGIC
+from ddptop.bundle.reader import Contents
+from ddptop.bundle.record_dir import HISTORY_FILE, read_recording
+from ddptop.errors import BundleError, DdptopError
+from ddptop.evidence import elastic_error, frdump, torchrun_log
+from ddptop.evidence.fold import fold_evidence
+from ddptop.evidence.types import RankDump, RankFailure
+from ddptop.wire import MAGIC
+
+HEAD_BYTES = 4096  # what recognising a file reads of it
+MAX_DEPTH = 4  # folders below a named one
+MAX_FILES = 100_000  # files looked at, per set
+MAX_SET_BYTES = 4 << 30  # bytes of evidence read, per set
+MAX_WARNINGS_SHOWN = 20
+
+
+@dataclass
+class Evidence:
+    """What the paths held, read and typed."""
+
+    dumps: list[RankDump] = field(default_factory=list)
+    failures: list[RankFailure] = field(default_factory=list)
+    recordings: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    ignored: list[Path] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        """Nothing usable was found."""
+        return not (self.dumps or self.failures or self.recordings)
+
+
+def is_recording(path: Path) -> bool:
+    """A ddptop recording, bundle or black-box record directory."""
+    if path.is_dir():
+        return (path / HISTORY_FILE).is_file() or any(path.glob("recent.*.ddptop"))
+    return _head(path)[:2] in (GZIP_MAGIC, MAGIC[:2])
+
+
+def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
+    """Every piece of evidence under *paths*; DdptopError if a named path does not exist."""
+    found = Evidence()
+    budget = [MAX_SET_BYTES]
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists() and not path.is_symlink():
+            raise DdptopError(f"{raw}: no such file or folder")
+        if path.is_dir() and is_recording(path):
+            found.recordings.append(path)
+            for child in _files(path, found):  # launch puts NCCL's dumps into the job's record
+                if not child.name.endswith(".ddptop"):
+                    _read_one(child, found, budget)
+            continue
+        for file in ([path] if not path.is_dir() else _files(path, found)):
+            _read_one(file, found, budget)
+    return found
+
+
+def load_evidence(paths: Sequence[str | os.PathLike[str]], *, job_id: str = "") -> Contents:
+    """The paths' evidence as one recording's contents (BundleError if there is none)."""
+    found = gather(paths)
+    if found.empty():
+        names = ", ".join(str(p) for p in paths)
+        raise BundleError(f"{names}: no Flight Recorder dump, torchrun log, torchelastic error file or "
+                          f"ddptop recording found ({len(found.ignored)} file(s) not recognised)")
+    base: Contents | None = None
+    if found.recordings:
+        base = read_recording(found.recordings[0])
+        if len(found.recordings) > 1:
+            found.warnings.append("also found " + ", ".join(str(p) for p in found.recordings[1:])
+                                  + ": only the first recording is read")
+        if not found.dumps and not found.failures:
+            base.warnings += found.warnings
+            return base
+    name = job_id or _job_name(paths)
+    return fold_evidence(found.dumps, found.failures, job_id=name, path=str(paths[0]),
+                         warnings=found.warnings, base=base)
+
+
+def _job_name(paths: Sequence[str | os.PathLike[str]]) -> str:
+    first = Path(paths[0]).resolve()
+    return (first if first.is_dir() else first.parent).name or "evidence"
+
+
+def _files(folder: Path, found: Evidence, depth: int = 0) -> Iterator[Path]:
+    """Regular files under *folder*, sorted, links not followed, depth and count bounded."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        found.warnings.append(f"{folder}: cannot list ({exc.strerror or exc})")
+        return
+    for entry in entries:
+        if len(found.ignored) + len(found.dumps) + len(found.failures) >= MAX_FILES:
+            found.warnings.append(f"{folder}: more than {MAX_FILES} files; the rest were not read")
+            return
+        if entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if depth < MAX_DEPTH:
+                yield from _files(Path(entry.path), found, depth + 1)
+        elif entry.is_file(follow_symlinks=False):
+            yield Path(entry.path)
+
+
+def _head(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, HEAD_BYTES)
+    finally:
+        os.close(fd)
+
+
+def _read_one(path: Path, found: Evidence, budget: list[int]) -> None:
+    head = _head(path)
+    if not head:
+        found.ignored.append(path)
+        return
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    if size > budget[0]:
+        found.warnings.append(f"{path}: not read, the set is over {MAX_SET_BYTES >> 30} GiB")
+        return
+    budget[0] -= size
+    try:
+        if head[:2] in (GZIP_MAGIC, MAGIC[:2]):
+            found.recordings.append(path)
+        elif frdump.looks_like_fr_dump(head):
+            found.dumps.append(frdump.read_dump(path))
+        elif elastic_error.looks_like_elastic_error(head):
+            found.failures += elastic_error.read_elastic_error(path)
+        elif torchrun_log.looks_like_torchrun_log(head):
+            found.failures += torchrun_log.read_torchrun_log(path)
+        else:
+            found.ignored.append(path)
+    except DdptopError as exc:
+        found.warnings.append(str(exc))
