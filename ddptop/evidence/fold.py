@@ -194,7 +194,7 @@ def groups_of(dump: RankDump) -> list[CollectiveGroup]:
         seq = max(entered, default=0)
         if progress is not None and progress.last_enqueued is not None:
             seq = max(seq, progress.last_enqueued)
-        recent = [_pending_op(op, members) for op in ops[-RECENT_PER_GROUP:]]
+        recent = [_pending_op(op, members, dump.dump_time) for op in ops[-RECENT_PER_GROUP:]]
         pending = [p for p, op in zip(recent, ops[-RECENT_PER_GROUP:], strict=True)
                    if not _completed(op) and (op.is_p2p or last_completed is None
                                               or op.collective_seq > last_completed)]
@@ -217,13 +217,14 @@ def _completed(op: FrOp) -> bool:
     return op.state == "completed" or op.retired
 
 
-def _pending_op(op: FrOp, members: list[int]) -> PendingOp:
+def _pending_op(op: FrOp, members: list[int], dumped_at: float) -> PendingOp:
     peer = None
     if op.peer is not None:
         peer = members[op.peer] if 0 <= op.peer < len(members) else (op.peer if not members else None)
     return PendingOp(
         seq=op.collective_seq, op=op.op, sizes=[op.input_sizes, op.output_sizes],
         dtype=op.input_dtypes[0] if op.input_dtypes else "", started_at=op.time_created,
+        age_s=max(0.0, dumped_at - op.time_created) if op.time_created and not _completed(op) else 0.0,
         timeout_s=op.timeout_ms / 1000 if op.timeout_ms else None,
         state="completed" if _completed(op) else (op.state or "scheduled"),
         is_p2p=op.is_p2p, p2p_seq=op.p2p_seq, peer=peer)

@@ -14,11 +14,12 @@ from textual.widgets import Footer, Static
 
 from ddptop.model.job import RankView
 from ddptop.protocol import LoaderInfo
-from ddptop.textfmt import human_bytes, human_duration, percent
+from ddptop.textfmt import human_bytes, human_duration, percent, rank_ranges
 from ddptop.tui.stack_groups import main_thread
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
+RECENT_SHOWN = 4  # completed ops shown per group before the pending ones
 
 
 def sparkline(values: Sequence[float | None], width: int = SPARK_WIDTH) -> str:
@@ -79,11 +80,17 @@ def detail_text(view: RankView, status: str, now: float) -> Text:
     _loaders(text, st.loaders)
     _section(text, "collectives")
     for group in st.collectives:
-        text.append(f"group {group.pg} {group.desc} {group.backend}: seq {group.seq}, size {group.size}, "
-                    f"timeout {human_duration(group.timeout_s)}\n")
+        members = f", ranks {rank_ranges(group.ranks)}" if group.ranks else ""
+        text.append(f"group {group.pg} {group.desc} {group.backend}: seq {group.seq}, size {group.size}"
+                    f"{members}, timeout {human_duration(group.timeout_s)}\n")
+        # The last ops that completed (from a Flight Recorder dump or last words): what led here.
+        done = [op for op in group.recent if op.state == "completed"][-RECENT_SHOWN:]
+        for op in done:
+            number = op.p2p_seq if op.is_p2p else op.seq
+            text.append(f"  done    {op.op} #{number} sizes {op.sizes}\n", style="dim")
         for op in group.pending:
-            text.append(f"  pending {op.op} #{op.seq} {op.dtype} for {human_duration(op.age_s)} "
-                        f"sizes {op.sizes} {op.state}\n", style="yellow")
+            text.append(f"  pending {op.op} #{op.p2p_seq if op.is_p2p else op.seq} {op.dtype} for "
+                        f"{human_duration(op.age_s)} sizes {op.sizes} {op.state}\n", style="yellow")
     if not st.collectives:
         text.append("-\n")
     _section(text, "environment")
