@@ -20,7 +20,7 @@ import msgspec
 from ddptop import __version__
 from ddptop.bundle.format import SCHEMA_VERSION, Event, Manifest
 from ddptop.bundle.reader import Contents
-from ddptop.evidence.types import FrOp, RankDump, RankFailure
+from ddptop.evidence.types import FrGroup, FrOp, RankDump, RankFailure
 from ddptop.protocol import (
     CollectiveGroup,
     FrTraceMsg,
@@ -57,6 +57,7 @@ def fold_evidence(dumps: Iterable[RankDump], failures: Iterable[RankFailure], *,
     for failure in failures:
         seen = failed.get(failure.rank)
         failed[failure.rank] = _merged(seen, failure) if seen else failure
+    by_rank = {rank: _with_members(dump, _members(by_rank.values())) for rank, dump in by_rank.items()}
     world = max([world_size, *(_world_of(d) for d in by_rank.values()),
                  *(r + 1 for r in (*by_rank, *failed))], default=0)
     known = _last_states(base) if base is not None else {}
@@ -134,6 +135,30 @@ def _merged(a: RankFailure, b: RankFailure) -> RankFailure:
         host=first.host or second.host,
         exit_code=first.exit_code if first.exit_code is not None else second.exit_code,
         signal=first.signal or second.signal, first=first.first or second.first)
+
+
+def _members(dumps: Iterable[RankDump]) -> dict[str, list[int]]:
+    """Each group's members as the dumps show them: a rank that has a group's status or ops
+    belongs to it. Gloo's dumps name no members (pg_config holds one group '' with '[]'),
+    and a rank keeps status only for the groups it is in."""
+    out: dict[str, set[int]] = {}
+    for dump in dumps:
+        for name in {*dump.progress, *(op.pg_name for op in dump.entries)}:
+            out.setdefault(name, set()).add(dump.rank)
+    return {name: sorted(ranks) for name, ranks in out.items()}
+
+
+def _with_members(dump: RankDump, seen: dict[str, list[int]]) -> RankDump:
+    """*dump* with members filled in for the groups whose pg_config says nothing."""
+    names = {*dump.groups, *dump.progress, *(op.pg_name for op in dump.entries)}
+    groups = dict(dump.groups)
+    changed = False
+    for name in names:
+        known = groups.get(name)
+        if (known is None or not known.ranks) and seen.get(name):
+            groups[name] = FrGroup(name=name, desc=known.desc if known else "", ranks=seen[name])
+            changed = True
+    return msgspec.structs.replace(dump, groups=groups) if changed else dump
 
 
 def _world_of(dump: RankDump) -> int:
