@@ -51,6 +51,12 @@ class BundleError(DdptopError):
     exit_code = 2
 
 
+class EvidenceError(BundleError):
+    """A file of evidence from elsewhere (a Flight Recorder dump, a log) is unreadable or hostile."""
+
+    exit_code = 2
+
+
 class RuntimeDirError(DdptopError, OSError):
     """The runtime directory is not safe to use (a symlink, another user's, unwritable).
 
