@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def human_bytes(value: float | None) -> str:
@@ -53,3 +53,28 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 def percent(value: float | None) -> str:
     """0.256 -> '26%' for fractions."""
     return "-" if value is None else f"{value * 100:.0f}%"
+
+
+# Flight Recorder's dtype names (c10's ScalarType) as a person reads them in torch.
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+           "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+
+
+def dtype_text(dtype: str) -> str:
+    """'Float' -> 'float32'; torch's own names ('torch.float16') lose the prefix."""
+    return _DTYPES.get(dtype, dtype.removeprefix("torch."))
+
+
+def tensor_text(shapes: Sequence[Sequence[int]], dtype: str = "") -> str:
+    """[[4, 6922]], 'Float' -> '[4, 6922] float32'; several tensors joined by ' + '."""
+    dims = " + ".join(f"[{', '.join(str(d) for d in shape)}]" for shape in shapes)
+    return f"{dims} {dtype_text(dtype)}".strip() if dims else dtype_text(dtype)
+
+
+def op_text(op: object) -> str:
+    """A collective as a person reads it: 'all_reduce [64] float32' (the backend prefix dropped)."""
+    name = str(getattr(op, "op", "?")).split(":", 1)[-1]
+    sizes = getattr(op, "sizes", None) or []
+    tensors = tensor_text(sizes[0], str(getattr(op, "dtype", ""))) if sizes and sizes[0] else ""
+    return f"{name} {tensors}".strip()

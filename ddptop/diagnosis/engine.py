@@ -12,6 +12,7 @@ from ddptop.diagnosis import (
     rules_progress,
     rules_system,
     rules_unresponsive,
+    rules_wavefront,
 )
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
@@ -26,6 +27,7 @@ Rule = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], 
 # that ran a different collective comes before the rank that died of it (on gloo the victim
 # of a mismatch often aborts first).
 RULES: tuple[Rule, ...] = (
+    rules_wavefront.collective_wavefront,
     rules_collectives.collective_mismatch,
     rules_postmortem.collective_divergence,
     rules_postmortem.rank_lost,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, op_age, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 
@@ -58,6 +59,8 @@ def _considered(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> l
 def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                         config: DiagnosisConfig) -> list[Finding]:
     """Ranks pending at the same group and seq with a different op or different sizes."""
+    if wavefront_applies(snapshot):
+        return []  # dumped collectives with their groups' members: the wavefront rule judges them
     states = _considered(snapshot, now, config)
     out: list[Finding] = []
     for pg in _group_names(states):
@@ -97,6 +100,8 @@ def _key(op: PendingOp) -> tuple[str, str]:
 def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                      config: DiagnosisConfig) -> list[Finding]:
     """Ranks waiting in a collective a peer never entered, or every rank stuck in the same one."""
+    if wavefront_applies(snapshot):
+        return []
     states = _considered(snapshot, now, config)
     if len(states) < 2 and snapshot.job.world_size < 2:
         return []  # a one-rank job has no peer to wait for
