@@ -11,7 +11,7 @@ Scenarios (PROBE_SCENARIO), each with one culprit:
 
 * ``skip``: rank 1 skips the 3rd of 5 all-reduces, so it ran 4; ranks 0, 2, 3 wait in #5 for it;
 * ``op``: rank 2 calls all_gather where the others call all_reduce, at seq 3;
-* ``killed``: rank 1 is killed (SIGKILL) before the 3rd all-reduce and leaves no dump;
+* ``killed``: rank 1 never enters the 3rd all-reduce and is killed (SIGKILL) without a dump;
 * ``subgroup``: a group of ranks [0, 1] beside the default one; rank 1 never enters the
   group's all-reduce that rank 0 waits in, ranks 2 and 3 wait in the default group for both.
 
@@ -65,7 +65,8 @@ def dump_later(prefix: str, rank: int, fmt: str, after_s: float) -> None:
 
 def main() -> None:
     scenario = os.environ.get("PROBE_SCENARIO", "skip")
-    prefix = os.environ["PROBE_DUMP_PREFIX"]
+    # Where NCCL would put its dump (ddptop launch points it into the job's record).
+    prefix = os.environ.get("PROBE_DUMP_PREFIX") or os.environ["TORCH_FR_DUMP_TEMP_FILE"]
     fmt = os.environ.get("PROBE_DUMP_FORMAT", "pickle")
     after = float(os.environ.get("PROBE_DUMP_AFTER_S", "3"))
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
@@ -73,7 +74,7 @@ def main() -> None:
     sub = dist.new_group([0, 1]) if scenario == "subgroup" else None
     t = torch.ones(64)
     try:
-        run(scenario, rank, t, sub, lambda: dump_later(prefix, rank, fmt, after))
+        run(scenario, rank, t, sub, lambda: dump_later(prefix, rank, fmt, after), prefix)
     except Exception as exc:  # gloo saw a peer go: dump, as NCCL does on an error
         print(f"rank {rank}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
         dump(prefix, rank, fmt)
@@ -81,7 +82,20 @@ def main() -> None:
     time.sleep(600)  # bounded: the dump thread ends the process long before
 
 
-def run(scenario: str, rank: int, t: torch.Tensor, sub: dist.ProcessGroup | None, blocking: object) -> None:
+def die_undumped(prefix: str, world: int) -> None:
+    """Rank 1 of ``killed``: gone before it could dump. It waits (bounded) until the others have
+    dumped while waiting for it in #3, then is SIGKILLed: torchrun tears a job down as soon as it
+    sees a rank die, and gloo's survivors would fail instead of hang, so the order NCCL's
+    survivors would produce (they hang and dump, the dead rank never does) is kept this way."""
+    others = [f"{prefix}{r}" for r in range(world) if r != 1]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in others):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run(scenario: str, rank: int, t: torch.Tensor, sub: dist.ProcessGroup | None, blocking: object,
+        prefix: str = "") -> None:
     """The scenario's collectives; *blocking()* is called right before the point where the rank stays."""
     assert callable(blocking)
     if scenario == "skip":
@@ -107,7 +121,7 @@ def run(scenario: str, rank: int, t: torch.Tensor, sub: dist.ProcessGroup | None
         for i in range(1, 4):
             if i == 3:
                 if rank == 1:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    die_undumped(prefix, dist.get_world_size())
                 blocking()
             dist.all_reduce(t)
     elif scenario == "subgroup":

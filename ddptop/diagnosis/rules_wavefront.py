@@ -159,10 +159,16 @@ def _stall(g: _Group, groups: dict[str, _Group], states: dict[int, RankState], w
         return None
     explained |= set(waiting) | set(missing)
     op = waits[waiting[0]].op
-    names = sorted(culprits)
+    # A rank whose dump shows it elsewhere is certain; one without a dump may have entered too.
+    # Name the certain ones when there are any, and say what is unknown of the others.
+    certain = sorted(r for r in culprits if r in states)
+    names = certain or sorted(culprits)
+    unknown = [r for r in sorted(culprits) if r not in names]
     title = (f"{ranks_text(names)} never entered {op_text(op)} #{top} of {g.label()}, which "
              f"{ranks_text(waiting)} wait in")
     evidence = [f"rank {r}: {culprits[r]}" for r in names] + chain
+    if unknown:
+        evidence.append(f"{ranks_text(unknown)} left no dump: whether they entered #{top} is unknown")
     evidence.append(f"waiting in #{top}: {ranks_text(waiting)} (victims, not causes)")
     if len(evidence) > MAX_EVIDENCE:
         evidence = [*evidence[:MAX_EVIDENCE - 1], f"+{len(evidence) - MAX_EVIDENCE + 1} more"]

@@ -22,6 +22,7 @@ from ddptop.protocol import FrameStack
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_ENTRIES = 1 << 20
+KEEP_PER_GROUP = 64  # entries kept per group: twice what a rank's last words carry
 _RANK_IN_NAME = re.compile(r"(\d{1,7})(?:\.(?:json|pkl|pickle|bin))?$")
 _P2P = re.compile(r"\b(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
 _KEYS = (b"pg_config", b"entries", b"pg_status", b"comm_lib_version", b"nccl_version")
@@ -70,15 +71,18 @@ def _decode(data: bytes) -> tuple[dict[str, Any], str]:
     return raw, fmt
 
 
-def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0) -> RankDump:
-    """A decoded dump as a RankDump (every shape and version)."""
+def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
+              keep_per_group: int = KEEP_PER_GROUP) -> RankDump:
+    """A decoded dump as a RankDump (every shape and version), with each group's last
+    *keep_per_group* entries: all a post-mortem compares, at a fraction of the cost."""
     entries_raw = raw.get("entries") or []
     if not isinstance(entries_raw, list):
         raise EvidenceError("entries is not a list")
     if len(entries_raw) > MAX_ENTRIES:
         raise EvidenceError(f"{len(entries_raw)} entries, over the cap of {MAX_ENTRIES}")
     warnings: list[str] = []
-    entries = [op for op in (_op(e, warnings) for e in entries_raw if isinstance(e, dict)) if op is not None]
+    kept = _last_per_group(entries_raw, keep_per_group)
+    entries = [op for op in (_op(e, warnings) for e in kept) if op is not None]
     groups = _groups(raw.get("pg_config"))
     progress = {_pg_name(k): FrProgress(last_enqueued=_int(v.get("last_enqueued_collective")),
                                         last_started=_int(v.get("last_started_collective")),
@@ -91,7 +95,26 @@ def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0) -
                     comm_lib_version=str(raw.get("comm_lib_version") or raw.get("nccl_version") or ""),
                     backend=sorted(backends)[0] if len(backends) == 1 else ",".join(sorted(backends)),
                     groups=groups, progress=progress, entries=entries,
-                    dump_time=max(times, default=0.0) or mtime, warnings=warnings)
+                    dump_time=max(times, default=0.0) or mtime, entries_total=len(entries_raw),
+                    warnings=warnings)
+
+
+def _last_per_group(entries: list[Any], keep: int) -> list[dict[str, Any]]:
+    """The last *keep* entries of every group, in record order (one cheap pass from the end)."""
+    counts: dict[Any, int] = {}
+    out: list[dict[str, Any]] = []
+    for entry in reversed(entries):
+        if not isinstance(entry, dict):
+            continue
+        group = entry.get("process_group")
+        key = group[0] if isinstance(group, list | tuple) and group else entry.get("pg_id")
+        key = key if isinstance(key, str | int) else repr(key)[:64]
+        seen = counts.get(key, 0)
+        if seen < keep:
+            counts[key] = seen + 1
+            out.append(entry)
+    out.reverse()
+    return out
 
 
 def _identity(path: str, raw: dict[str, Any]) -> tuple[int, str]:

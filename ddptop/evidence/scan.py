@@ -10,9 +10,11 @@ and the number of files and bytes read is capped per set.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import stat
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +31,8 @@ HEAD_BYTES = 4096  # what recognising a file reads of it
 MAX_DEPTH = 4  # folders below a named one
 MAX_FILES = 100_000  # files looked at, per set
 MAX_SET_BYTES = 4 << 30  # bytes of evidence read, per set
-MAX_WARNINGS_SHOWN = 20
+PARALLEL_FROM = 64  # dumps in a set from which they are read on several processes
+MAX_WORKERS = 8
 
 
 @dataclass
@@ -58,6 +61,7 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
     """Every piece of evidence under *paths*; DdptopError if a named path does not exist."""
     found = Evidence()
     budget = [MAX_SET_BYTES]
+    pending: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if not path.exists() and not path.is_symlink():
@@ -66,11 +70,35 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
             found.recordings.append(path)
             for child in _files(path, found):  # launch puts NCCL's dumps into the job's record
                 if not child.name.endswith(".ddptop"):
-                    _read_one(child, found, budget)
+                    _read_one(child, found, budget, pending)
             continue
         for file in ([path] if not path.is_dir() else _files(path, found)):
-            _read_one(file, found, budget)
+            _read_one(file, found, budget, pending)
+    _read_dumps(pending, found)
     return found
+
+
+def _read_dumps(paths: list[Path], found: Evidence) -> None:
+    """Read every dump; a large set on several processes (unpickling is CPU-bound, GIL-bound)."""
+    workers = min(os.cpu_count() or 1, MAX_WORKERS)
+    if len(paths) < PARALLEL_FROM or workers < 2:
+        results = [_read_dump_quietly(p) for p in paths]
+    else:
+        ctx = multiprocessing.get_context("fork")  # the CLI holds no threads at this point
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            results = list(pool.map(_read_dump_quietly, paths, chunksize=max(1, len(paths) // (workers * 8))))
+    for result in results:
+        if isinstance(result, str):
+            found.warnings.append(result)
+        else:
+            found.dumps.append(result)
+
+
+def _read_dump_quietly(path: Path) -> RankDump | str:
+    try:
+        return frdump.read_dump(path)
+    except DdptopError as exc:
+        return str(exc)
 
 
 def load_evidence(paths: Sequence[str | os.PathLike[str]], *, job_id: str = "") -> Contents:
@@ -132,7 +160,7 @@ def _head(path: Path) -> bytes:
         os.close(fd)
 
 
-def _read_one(path: Path, found: Evidence, budget: list[int]) -> None:
+def _read_one(path: Path, found: Evidence, budget: list[int], pending: list[Path]) -> None:
     head = _head(path)
     if not head:
         found.ignored.append(path)
@@ -149,7 +177,7 @@ def _read_one(path: Path, found: Evidence, budget: list[int]) -> None:
         if head[:2] in (GZIP_MAGIC, MAGIC[:2]):
             found.recordings.append(path)
         elif frdump.looks_like_fr_dump(head):
-            found.dumps.append(frdump.read_dump(path))
+            pending.append(path)  # read below, all together (in parallel when there are many)
         elif elastic_error.looks_like_elastic_error(head):
             found.failures += elastic_error.read_elastic_error(path)
         elif torchrun_log.looks_like_torchrun_log(head):

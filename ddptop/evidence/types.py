@@ -65,7 +65,8 @@ class RankDump(msgspec.Struct, gc=False, kw_only=True):
     backend: str = ""  # "nccl", "gloo", "rccl", "xccl", "hccl", "ncclx"... from the op names
     groups: dict[str, FrGroup] = {}
     progress: dict[str, FrProgress] = {}
-    entries: list[FrOp] = []  # in record order
+    entries: list[FrOp] = []  # in record order: each group's last ones (see entries_total)
+    entries_total: int = 0  # entries the dump held
     dump_time: float = 0.0  # the newest time in the dump, else the file's mtime
     warnings: list[str] = []
 

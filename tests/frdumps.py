@@ -1,0 +1,52 @@
+"""Real Flight Recorder dump sets, made by real torchrun jobs (probes/fr_dumps.py), once a session.
+
+``fr_dump_set(tmp_factory, scenario, fmt)`` runs the scenario's 4-rank gloo job, in a
+session of its own, bounded, and returns the folder holding its dumps and torchrun's
+console log (``torchrun.log``, kept beside the dumps in a sibling folder so that a folder
+of dumps alone stays a folder of dumps). The culprit each scenario plants is ``CULPRIT``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ddptop.proctree import stop_tree
+from tests.jobs import BIN, PROBES
+
+SCENARIOS = ("skip", "op", "killed", "subgroup")
+CULPRIT = {"skip": [1], "op": [2], "killed": [1], "subgroup": [1]}
+RUN_TIMEOUT_S = 120.0
+_made: dict[tuple[str, str], Path] = {}
+
+
+def fr_dump_set(tmp_factory: pytest.TempPathFactory, scenario: str, fmt: str = "pickle") -> Path:
+    """The folder of dumps of one run of *scenario* (cached for the session)."""
+    key = (scenario, fmt)
+    if key in _made:
+        return _made[key]
+    base = tmp_factory.mktemp(f"fr-{scenario}-{fmt}")
+    dumps = base / "dumps"
+    dumps.mkdir()
+    env = {**os.environ, "PROBE_SCENARIO": scenario, "PROBE_DUMP_FORMAT": fmt,
+           "PROBE_DUMP_PREFIX": str(dumps / "comm_lib_trace_rank_"), "OMP_NUM_THREADS": "1",
+           "DDPTOP_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", "--monitor-interval", "10",
+           str(PROBES / "fr_dumps.py")]
+    with open(base / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the {scenario} dump job did not end within {RUN_TIMEOUT_S:g} s")
+        finally:
+            stop_tree(proc)
+    expected = {0, 2, 3} if scenario == "killed" else {0, 1, 2, 3}
+    got = {int(p.name.rsplit("_", 1)[1]) for p in dumps.iterdir() if p.name.rsplit("_", 1)[1].isdigit()}
+    log_tail = (base / "torchrun.log").read_text()[-2000:]
+    assert got == expected, f"{scenario}: dumps of ranks {sorted(got)}; log: {log_tail}"
+    _made[key] = dumps
+    return dumps

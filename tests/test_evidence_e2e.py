@@ -1,0 +1,109 @@
+"""Any job's evidence (#19): real Flight Recorder dumps and torchrun's files, read by doctor/replay/export.
+
+Every dump set here is written by a real 4-rank torchrun job with torch's own writers
+(``probes/fr_dumps.py``); each plants one culprit, and each test asserts that the culprit
+and only the culprit is named, from dumps alone, from dumps with torchrun's log, and from
+a job under ``ddptop launch`` whose NCCL-style dumps land in its record.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddptop.evidence import frdump
+from tests.frdumps import CULPRIT, SCENARIOS, fr_dump_set
+from tests.jobs import JobRunner, ddptop_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def doctor(*paths: Path | str, rc: int = 1) -> list[dict[str, Any]]:
+    res = subprocess.run(ddptop_cmd("doctor", "--json", *map(str, paths)), capture_output=True, text=True,
+                         timeout=60, check=False, stdin=subprocess.DEVNULL)
+    assert res.returncode == rc, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    return list(json.loads(res.stdout)["findings"])
+
+
+def named(findings: list[dict[str, Any]]) -> set[int]:
+    """Every rank any finding of warning or worse names as a rank to look at."""
+    return {r for f in findings if f["severity"] != "info" for r in f["ranks"]}
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_culprit_and_only_the_culprit_from_dumps(tmp_path_factory: pytest.TempPathFactory,
+                                                  scenario: str, fmt: str) -> None:
+    dumps = fr_dump_set(tmp_path_factory, scenario, fmt)
+    for path in dumps.iterdir():
+        dump = frdump.read_dump(path)
+        assert dump.format == fmt and dump.backend == "gloo" and dump.entries
+        assert dump.rank == int(path.name.rsplit("_", 1)[1])
+    findings = doctor(dumps)
+    assert named(findings) == set(CULPRIT[scenario]), findings
+    kinds = {f["kind"] for f in findings}
+    assert kinds == ({"collective_mismatch"} if scenario == "op" else {"collective_stall"}), findings
+    text = json.dumps(findings)
+    if scenario == "killed":
+        assert "left no dump" in text
+    if scenario == "subgroup":
+        assert "group 1" in text and "rank 0 waits in all_reduce" in text  # the chain, as evidence
+
+
+def test_dumps_with_torchruns_log_name_the_killed_rank_and_the_victims(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    dumps = fr_dump_set(tmp_path_factory, "killed")
+    findings = doctor(dumps, dumps.parent / "torchrun.log")
+    assert named(findings) == {1}, findings
+    lost = next(f for f in findings if f["kind"] == "rank_lost")
+    assert lost["ranks"][0] == 1 and "SIGKILL" in lost["title"]
+
+
+def test_replay_and_export_of_dumps(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    dumps = fr_dump_set(tmp_path_factory, "subgroup")
+    info = subprocess.run(ddptop_cmd("replay", "--info", str(dumps)), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert info.returncode == 0, info.stderr
+    assert "4 ranks" in info.stdout and "0=stale" in info.stdout
+    bundle = tmp_path / "hang.ddptop"
+    res = subprocess.run(ddptop_cmd("export", "-o", str(bundle), str(dumps)), capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0 and bundle.stat().st_size > 0, res.stderr
+    assert named(doctor(bundle)) == {1}  # the bundle tells what the dumps told
+
+
+def test_a_damaged_dump_is_one_warning_and_the_rest_is_analysed(tmp_path_factory: pytest.TempPathFactory,
+                                                                 tmp_path: Path) -> None:
+    dumps = fr_dump_set(tmp_path_factory, "skip")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in dumps.iterdir():
+        data = path.read_bytes()
+        (mixed / path.name).write_bytes(data[: len(data) // 2] if path.name.endswith("_2") else data)
+    res = subprocess.run(ddptop_cmd("doctor", "--json", str(mixed)), capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("ddptop: warning:")]
+    assert len(warnings) == 1 and "comm_lib_trace_rank_2" in warnings[0], res.stderr
+    findings = json.loads(res.stdout)["findings"]
+    assert named(findings) == {1}  # rank 2's dump is gone, the culprit is still rank 1
+
+
+def test_launch_puts_nccl_dumps_into_the_record(job_runner: JobRunner) -> None:
+    """Under ddptop launch the dumps land in the job's record; doctor JOB reads them after the end."""
+    job = job_runner.start("fr_dumps", nproc=4, env={"PROBE_SCENARIO": "skip", "PROBE_DUMP_AFTER_S": "4"},
+                           launch_args=[])
+    job.wait(timeout=120)
+    record = job.runtime_dir / "jobs" / job.job_id
+    dumps = sorted(p.name for p in record.glob("fr_trace_rank_*"))
+    assert dumps == [f"fr_trace_rank_{r}" for r in range(4)], (dumps, job.log()[-2000:])
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    assert res.returncode == 1, res.stderr
+    findings = json.loads(res.stdout)["findings"]
+    stall = [f for f in findings if f["kind"] == "collective_stall"]
+    assert stall and stall[0]["ranks"] == [1], findings

@@ -1,0 +1,135 @@
+"""The evidence readers on their own: safe unpickling, every damage a dump can have, fuzzing.
+
+The dump fuzzed here is real: a one-rank gloo group in a subprocess runs a few
+collectives and writes its Flight Recorder with torch's own serialisers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddptop.errors import EvidenceError
+from ddptop.evidence import frdump, safe_pickle, scan
+from ddptop.textfmt import op_text, tensor_text
+
+WRITER = """
+import os, sys, torch, torch.distributed as dist
+from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+os.environ["TORCH_FR_BUFFER_SIZE"] = "100"
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/store", rank=0, world_size=1)
+t = torch.ones(3, 5)
+for _ in range(3):
+    dist.all_reduce(t)
+open(sys.argv[1] + "/dump_0", "wb").write(_dump_fr_trace())
+data = _dump_fr_trace_json()
+open(sys.argv[1] + "/json_0", "wb").write(data if isinstance(data, bytes) else data.encode())
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def real_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("one-rank")
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "100", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", WRITER, str(folder)], env=env, capture_output=True, text=True,
+                         timeout=120, check=False, start_new_session=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (folder / "store").unlink(missing_ok=True)
+    return folder
+
+
+def test_both_formats_of_a_real_dump_read_alike(real_dumps: Path) -> None:
+    a, b = frdump.read_dump(real_dumps / "dump_0"), frdump.read_dump(real_dumps / "json_0")
+    assert (a.format, b.format) == ("pickle", "json")
+    for dump in (a, b):
+        assert dump.rank == 0 and dump.backend == "gloo" and dump.version
+        assert [op.collective_seq for op in dump.entries] == [1, 2, 3]
+        assert {op.pg_name for op in dump.entries} == {"0"} and dump.progress["0"].last_completed == 3
+        assert all(op.input_sizes == [[3, 5]] and op.input_dtypes == ["Float"] for op in dump.entries)
+        assert dump.dump_time > 1.6e9
+    assert a.entries[-1].frames and a.entries[-1].frames[-1].function  # pickles carry the stack
+    assert op_text(_pending(a)) == "all_reduce [3, 5] float32"
+
+
+def _pending(dump: frdump.RankDump) -> object:
+    from ddptop.evidence.fold import groups_of
+
+    return groups_of(dump)[0].recent[-1]
+
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_that_names_code_is_refused_and_nothing_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    for payload in (pickle.dumps({"entries": [_Evil(marker)]}, protocol=2),
+                    pickle.dumps({"version": "2.10", "entries": [], "x": _Evil(marker)}, protocol=4),
+                    b"\x80\x02csubprocess\nPopen\n(X\x05\x00\x00\x00touchtR.",
+                    pickle.dumps({"version": "2.10", "pg_config": {}, "entries": []}, protocol=0)
+                    .replace(b"(dp0", b"cos\nsystem\n(dp0")):
+        path = tmp_path / "trace_rank_0"
+        path.write_bytes(payload)
+        with pytest.raises(EvidenceError) as info:
+            frdump.read_dump(path)
+        assert "\n" not in str(info.value) and str(path) in str(info.value)
+    assert not marker.exists()
+
+
+def test_truncated_oversized_and_nameless_dumps_are_one_line_errors(real_dumps: Path, tmp_path: Path) -> None:
+    data = (real_dumps / "dump_0").read_bytes()
+    cut = tmp_path / "rank_1"
+    cut.write_bytes(data[: len(data) // 3])
+    big = tmp_path / "rank_2"
+    big.write_bytes(data)
+    nameless = tmp_path / "dump"
+    nameless.write_bytes(data)
+    for path, kwargs in ((cut, {}), (big, {"max_bytes": 100}), (nameless, {})):
+        with pytest.raises(EvidenceError) as info:
+            frdump.read_dump(path, **kwargs)
+        assert "\n" not in str(info.value) and path.name in str(info.value)
+
+
+def test_scan_recognises_by_content_and_follows_no_link(real_dumps: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "mix"
+    (folder / "deep").mkdir(parents=True)
+    (folder / "deep" / "whatever_host-a.7").write_bytes((real_dumps / "dump_0").read_bytes())
+    (folder / "notes.txt").write_text("nothing to see\n")
+    (folder / "link_3").symlink_to(real_dumps / "dump_0")
+    found = scan.gather([folder])
+    assert [d.rank for d in found.dumps] == [7]
+    assert [p.name for p in found.ignored] == ["notes.txt"]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_fuzzed_dumps_raise_only_evidence_errors(real_dumps: Path, data: st.DataObject) -> None:
+    for name in ("dump_0", "json_0"):
+        raw = bytearray((real_dumps / name).read_bytes())
+        for _ in range(data.draw(st.integers(1, 8))):
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw[at] = data.draw(st.integers(0, 255))
+        raw = raw[: data.draw(st.integers(1, len(raw)))]
+        try:
+            if raw[:1] == b"\x80":
+                safe_pickle.loads(bytes(raw))
+            frdump.normalise(frdump._decode(bytes(raw))[0], path="/x/rank_0", fmt="fuzz")
+        except EvidenceError as exc:
+            assert "\n" not in str(exc)
+
+
+def test_tensor_text() -> None:
+    assert tensor_text([[4, 6922]], "Float") == "[4, 6922] float32"
+    assert tensor_text([[2], [3, 3]], "BFloat16") == "[2] + [3, 3] bfloat16"
