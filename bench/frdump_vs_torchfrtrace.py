@@ -18,7 +18,6 @@ import json
 import os
 import pickle
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -84,38 +83,39 @@ def make_generated(folder: Path, ranks: int, entries: int, culprit: int, templat
         (folder / f"{PREFIX}{rank}").write_bytes(pickle.dumps(dump, protocol=2))
 
 
+# ddptop's own peak RSS, and its reading processes' (a large set is read on several):
+# RUSAGE_CHILDREN of the bench would include the probes' torch ranks.
+MEASURED = """
+import resource, runpy, sys
+sys.argv = ["ddptop", *sys.argv[1:]]
+code = 0
+try:
+    runpy.run_module("ddptop", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+sys.stderr.write(f"\\nMAXRSS_KB {own} {kids}\\n")
+sys.exit(code)
+"""
+
+
 def run_ddptop(folder: Path) -> dict[str, object]:
     began = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    res = subprocess.run(
-        [sys.executable, "-m", "ddptop", "doctor", "--json", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    res = subprocess.run([sys.executable, "-c", MEASURED, "doctor", "--json", str(folder)],
+                         capture_output=True, text=True, timeout=600, check=False)
     seconds = time.monotonic() - began
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    plain = subprocess.run(
-        [sys.executable, "-m", "ddptop", "doctor", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "COLUMNS": "120"},
-    )
+    found = re.search(r"MAXRSS_KB (\d+) (\d+)", res.stderr)
+    rss_mb = max(int(found.group(1)), int(found.group(2))) / 1024 if found else 0.0
+    plain = subprocess.run([sys.executable, "-m", "ddptop", "doctor", str(folder)], capture_output=True,
+                           text=True, timeout=600, check=False, env={**os.environ, "COLUMNS": "120"})
     try:
         findings = json.loads(res.stdout)["findings"]
     except (ValueError, KeyError):
         return {"named": None, "lines": 0, "seconds": seconds, "note": res.stderr.strip()[-120:]}
     named = {r for f in findings if f["severity"] != "info" for r in f["ranks"]}
-    return {
-        "named": named,
-        "lines": len(plain.stdout.splitlines()),
-        "seconds": seconds,
-        "rss_mb": max(rss, before) / 1024,
-        "note": "",
-    }
+    return {"named": named, "lines": len(plain.stdout.splitlines()), "seconds": seconds, "rss_mb": rss_mb,
+            "note": ""}
 
 
 def run_torchfrtrace(folder: Path, world: int) -> dict[str, object]:
