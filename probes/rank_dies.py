@@ -121,9 +121,11 @@ def wedge(rank: int, step: int) -> None:
         fd = os.open(fifo, os.O_RDWR)  # O_RDWR: the open itself never blocks on a FIFO
         libc.read(fd, ctypes.create_string_buffer(1), 1)
         os.close(fd)
+        left = 0
     else:
-        libc.sleep(int(os.environ.get("PROBE_WEDGE_S", "8")))
-    print(f"rank {rank}: step {step}: unwedged at t={time.time():.3f}", flush=True)
+        # libc sleep() returns the seconds left unslept: > 0 when a signal woke it early.
+        left = libc.sleep(int(os.environ.get("PROBE_WEDGE_S", "8")))
+    print(f"rank {rank}: step {step}: unwedged at t={time.time():.3f} (sleep left {left} s)", flush=True)
 
 
 def plant(rank: int, step: int, end: float) -> None:

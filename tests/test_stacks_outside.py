@@ -3,9 +3,11 @@
 Two silent ranks — one wedged in C code holding the GIL (probes/rank_dies.py, PROBE_DEATH=
 wedge_gil, released through a FIFO), one SIGSTOPped — must be named ``rank_unresponsive`` by
 ``ddptop doctor --json JOB`` within 5 s of going silent, with the wedged frame (``wedge()``
-at the probe's blocking line) or "stopped". Each runs with py-spy switched off
-(``DDPTOP_PYSPY=0``: the agent falls back to faulthandler's signal, then /proc) and with
-py-spy on (skipped, with py-spy's own words, where it cannot attach here).
+at the probe's blocking line) or "stopped". Each runs with py-spy on (the default: nothing
+reaches the rank; skipped, with py-spy's own words, where it cannot attach here) and with
+py-spy off and the signal allowed (``DDPTOP_PYSPY=0 DDPTOP_STACKS_SIGNAL=1``: faulthandler's
+SIGUSR2, which says so). Looking never changes the job: a rank asleep 30 s in C stays
+asleep, and no signal is pending on a stopped rank.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ WEDGE_LINE = next(i for i, line in enumerate((PROBES / "rank_dies.py").read_text
 
 
 def pyspy_env(use_pyspy: bool) -> dict[str, str]:
-    """DDPTOP_PYSPY for the job; skips (with py-spy's own words) where py-spy cannot attach."""
+    """DDPTOP_PYSPY for the job (without py-spy, the signal is allowed: the faulthandler path);
+    skips (with py-spy's own words) where py-spy cannot attach."""
     if not use_pyspy:
-        return {"DDPTOP_PYSPY": "0"}
+        return {"DDPTOP_PYSPY": "0", "DDPTOP_STACKS_SIGNAL": "1"}
     exe = pyspy_path()
     if exe is None:
         pytest.skip("py-spy is not installed (pip install 'ddptop[pyspy]')")
@@ -143,6 +146,33 @@ def live_view_stuck(job: RunningJob, rank: int) -> str:
     return res.stdout.strip()
 
 
+def pending_signals(pid: int) -> int:
+    """The signals pending for *pid* (its own and its thread group's), as a bit mask."""
+    mask = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            mask |= int(line.split(":", 1)[1], 16)
+    return mask
+
+
+def test_a_rank_asleep_in_c_stays_asleep_while_it_is_named(job_runner: JobRunner) -> None:
+    """Looking never changes the job: 30 s in libc sleep() holding the GIL, read from outside
+    by default, and sleep() returns 0 (a signal would have woken it early)."""
+    env = pyspy_env(True)
+    job = job_runner.start("rank_dies", nproc=2, interval=INTERVAL,
+                           env={"PROBE_DEATH": "wedge_gil", "PROBE_DIE_RANK": "1", "PROBE_DIE_AT_STEP": "10",
+                                "PROBE_WEDGE_S": "30", **env})
+    wedged = job.wait_log(r"rank 1: step (\d+): wedged in C holding the GIL at t=([\d.]+)")
+    finding, took = wait_unresponsive(job, 1, float(wedged.group(2)))
+    assert took <= LIMIT_S, f"named after {took:.2f} s"
+    assert "wedge()" in finding["title"] and "via py-spy" in finding["evidence"][0], finding
+    assert not any("SIGUSR2" in line and "read with" in line for line in finding["evidence"]), finding
+    woke = job.wait_log(r"rank 1: step (\d+): unwedged at t=([\d.]+) \(sleep left (\d+) s\)", timeout=90)
+    assert woke.group(1) == wedged.group(1)  # the same step: it did nothing but sleep
+    assert woke.group(3) == "0", "a signal woke the sleeping rank early"
+    assert float(woke.group(2)) - float(wedged.group(2)) >= 29.5
+
+
 @pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
 def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner, tmp_path: Path) -> None:
     env = pyspy_env(use_pyspy)
@@ -165,6 +195,8 @@ def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner
     else:
         assert f"main thread in wedge() (rank_dies.py:{WEDGE_LINE})" in finding["title"], finding
     assert ("via py-spy" if use_pyspy else "via faulthandler") in finding["evidence"][0], finding
+    said_signal = any("read with SIGUSR2" in line for line in finding["evidence"])
+    assert said_signal == (not use_pyspy), finding  # the one path that interrupts the rank says so
     assert took <= LIMIT_S, f"named after {took:.2f} s"
     # The stacks key (LiveSource.request_stacks) gets the outside read for the rank that
     # cannot answer, and the black box recorded it.
@@ -190,8 +222,10 @@ def test_stopped_rank_named_stopped(use_pyspy: bool, job_runner: JobRunner) -> N
     try:
         finding, took = wait_unresponsive(job, 1, silent_at)
         live = live_view_stuck(job, 1)
+        pending = pending_signals(pid)  # what reached it while stopped waits here until SIGCONT
     finally:
         os.kill(pid, signal.SIGCONT)
+    assert pending == 0, f"signals reached the stopped rank: mask {pending:#x}"
     assert live.startswith("T"), live
     assert finding["title"].startswith("rank 1 is stopped (SIGSTOP): state T"), finding
     if use_pyspy:  # py-spy reads a stopped process's Python stack too

@@ -20,6 +20,7 @@ from ddptop import auth, discovery, job_token
 from ddptop.agent import jobrecord
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
+from ddptop.agent.outside import SIGNAL_ENV
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.errors import DdptopError, exit_code_for
 
@@ -61,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", metavar="ADDR", default="",
                         help="serve this node's ranks to viewers on ADDR (its port is printed on stderr; "
                              "ranks started before it do not name it, so viewers must be told)")
+    parser.add_argument("--stacks-signal", action="store_true",
+                        help="let outside reads of a silent rank interrupt it (SIGUSR2, py-spy --native)")
     args = parser.parse_args(argv)
+    if args.stacks_signal:
+        os.environ[SIGNAL_ENV] = "1"
     try:
         if not discovery.is_safe_job_id(args.job_id):
             raise DdptopError(f"not a job id: {args.job_id[:40]!r}")

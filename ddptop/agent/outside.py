@@ -1,16 +1,20 @@
 """Stacks from outside: where a rank that stopped answering is stuck, read without its help.
 
 A rank wedged in C code that holds the GIL (or SIGSTOPped) cannot run its reporter thread,
-so it cannot say where it is. The node agent reads it from outside, best method first:
+so it cannot say where it is. The node agent reads it from outside, and looking never
+changes the job: by default nothing reaches the rank, no signal and no ptrace stop.
 
-1. **py-spy** (``py-spy dump --nonblocking --json``, then ``--native`` for the C frames of
-   a rank that is not stopped), when the executable is found beside ``sys.executable`` or
-   on PATH and ``DDPTOP_PYSPY`` is not ``0``;
-2. **faulthandler**: the reporter registered ``SIGUSR2`` (``reporter/crash.py``) to dump
-   every thread from C without the GIL into ``<job>.<rank>.crash``; send it, read the new
-   tail. Only when /proc says the signal is caught (an uncaught SIGUSR2 would kill the
-   rank) and the rank is not stopped (a stopped rank would dump only when continued);
-3. **/proc**: the process state ("T (stopped)"), wchan and the main thread's syscall.
+1. **py-spy** (``py-spy dump --nonblocking --json``: it reads the process's memory with
+   process_vm_readv and never pauses it, a stopped rank included), when the executable is
+   found beside ``sys.executable`` or on PATH and ``DDPTOP_PYSPY`` is not ``0``;
+2. **/proc**: the process state ("T (stopped)"), wchan and the main thread's syscall.
+
+Only where the user allows it (``ddptop launch --stacks-signal``, ``DDPTOP_STACKS_SIGNAL=1``)
+a read may interrupt the rank: py-spy ``--native`` (which pauses it a moment) for the C
+frames, and, when py-spy cannot read it, the **faulthandler** signal (``SIGUSR2``, registered
+by the reporter, ``reporter/crash.py``): it dumps every thread from C, but wakes a sleep or
+poll in C early (a call that does not retry on EINTR fails). The report says so whenever
+that was done.
 
 Every step is bounded in time; :class:`OutsideReader` runs them on one worker thread and
 reads each rank at most once per ``EVERY_S`` while it stays silent.
@@ -38,6 +42,7 @@ from ddptop.remains import read_text_tail
 log = logging.getLogger(__name__)
 
 PYSPY_ENV = "DDPTOP_PYSPY"  # "0": never use py-spy; a path: that executable
+SIGNAL_ENV = "DDPTOP_STACKS_SIGNAL"  # "1": reads may interrupt the rank (SIGUSR2, py-spy --native)
 PYSPY_TIMEOUT_S = 3.0
 SIGNAL_WAIT_S = 1.0
 EVERY_S = 5.0  # at most one outside read per rank this often while it stays silent
@@ -59,6 +64,11 @@ def pyspy_path() -> str | None:
     if os.access(beside, os.X_OK):
         return str(beside)
     return shutil.which("py-spy")
+
+
+def signals_allowed() -> bool:
+    """True where the user allowed reads that interrupt a rank (``--stacks-signal``)."""
+    return os.environ.get(SIGNAL_ENV, "") not in ("", "0")
 
 
 def proc_facts(pid: int) -> tuple[str, str, str, bool]:
@@ -160,26 +170,33 @@ def capture(rank: int, pid: int, since: float, crash_file: Path) -> StuckReport:
                          proc_state=state, wchan=wchan, syscall=syscall)
     stopped = state.startswith(("T", "t"))
     notes: list[str] = []
+    allowed = signals_allowed()
     exe = pyspy_path()
     if exe is not None:
         try:
-            report.frames, report.native, report.holds_gil = read_pyspy(exe, pid, native=not stopped)
+            # --native pauses the rank: only where the user allowed it, never a stopped one.
+            native = allowed and not stopped
+            report.frames, report.native, report.holds_gil = read_pyspy(exe, pid, native=native)
             report.source = "py-spy"
+            if report.native:
+                notes.append("py-spy --native paused the rank a moment for its C frames (--stacks-signal)")
         except (OSError, ValueError, KeyError, TypeError, subprocess.SubprocessError) as exc:
             notes.append(f"py-spy: {exc}")
     else:
         notes.append("py-spy: not installed" if os.environ.get(PYSPY_ENV) != "0" else "py-spy: off")
-    if report.source == "proc" and not stopped:
+    if report.source == "proc" and not stopped and allowed:
         if caught and crash_file.exists():
             try:
                 report.frames = read_faulthandler(pid, crash_file)
                 report.source = "faulthandler" if report.frames else "proc"
-                if not report.frames:
-                    notes.append("faulthandler: no dump within the wait")
+                notes.append("read with SIGUSR2 (faulthandler, --stacks-signal): a sleep or poll in C "
+                             "was interrupted" + ("" if report.frames else "; no dump within the wait"))
             except OSError as exc:
                 notes.append(f"faulthandler: {exc}")
         else:
             notes.append("faulthandler: the rank has no dump handler")
+    elif report.source == "proc" and not stopped:
+        notes.append("no signal sent: --stacks-signal allows faulthandler's SIGUSR2 (it interrupts the rank)")
     report.note = "; ".join(notes)[:500]
     report.time = time.time()
     return report

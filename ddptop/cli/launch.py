@@ -23,7 +23,7 @@ from pathlib import Path
 
 import ddptop
 from ddptop import auth, discovery, job_token
-from ddptop.agent import jobrecord
+from ddptop.agent import jobrecord, outside
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", metavar="[ADDR:]PORT", default=None,
                         help="serve Prometheus metrics of this node's ranks at http://ADDR:PORT/metrics "
                              "(default $DDPTOP_METRICS_PORT, else off; ADDR defaults to every interface)")
+    parser.add_argument("--stacks-signal", action="store_true",
+                        help="let outside reads of a silent rank interrupt it (faulthandler's SIGUSR2, "
+                             "py-spy --native); by default nothing reaches the rank")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command, after `--` (e.g. torchrun --nproc-per-node 4 train.py)")
 
@@ -90,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     cap = record_cap(args.record_mb)
     metrics_spec = args.metrics_port if args.metrics_port is not None else os.environ.get(METRICS_PORT_ENV)
     listen = parse_listen(metrics_spec) if metrics_spec else None
+    if args.stacks_signal:
+        os.environ[outside.SIGNAL_ENV] = "1"  # this process is the node agent; its ranks' agents too
     env = job_env(dict(os.environ), job_id, args.bind, args.interval)
     agent: NodeAgent | None = None
     try:
