@@ -260,6 +260,9 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     exit_code: int | None = None  # exit code, when it exited by itself
     exit_signal: str = ""  # "SIGSEGV", "SIGTERM"... when a signal ended it
     exited_at: float = 0.0  # wall clock of the exit, as the agent saw it
+    exit_cause: str = ""  # "oom_kill": the kernel's OOM killer sent the SIGKILL (agent-filled)
+    memory_limit_bytes: int | None = None  # its memory cgroup's limit at the exit (agent-filled)
+    memory_peak_bytes: int | None = None  # that cgroup's peak use (agent-filled)
     # forked children that died (agent-filled)
     worker_crashes: Annotated[list[WorkerCrash], msgspec.Meta(max_length=MAX_ITEMS)] = []
     # every DataLoader this rank iterated (the fields above describe the training one)
@@ -408,6 +411,12 @@ class RankExit(msgspec.Struct, gc=False, tag="exit", kw_only=True):
     host: str = ""
     exit_code: int | None = None
     signal: str = ""
+    # The kernel's word on a SIGKILL: "oom_kill" when the OOM killer ended it (the memory
+    # cgroup's counter moved, or the kernel log names the pid), with that cgroup's limit and
+    # peak use; "" where nothing says so.
+    cause: str = ""
+    memory_limit_bytes: int | None = None
+    memory_peak_bytes: int | None = None
 
 
 class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):

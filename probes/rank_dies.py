@@ -11,6 +11,9 @@ The ways of dying that a post-mortem must tell apart, chosen by PROBE_DEATH:
   while it loads a batch; the rank then gets torch's "DataLoader worker (pid N) is killed
   by signal: Segmentation fault" and fails. The worker's crash, not the rank's, is the cause.
 
+* ``leak``: that rank allocates memory without end, as a leak would, until the OOM killer
+  of the memory cgroup it runs in kills it (SIGKILL, no last words).
+
 Two more faults that a rank survives:
 
 * ``wedge_gil``: at that step the rank calls C code that holds the GIL for PROBE_WEDGE_S
@@ -136,6 +139,14 @@ def plant(rank: int, step: int, end: float) -> None:
     if DEATH == "wedge_gil":
         wedge(rank, step)
         return
+    if DEATH == "leak":
+        # Leak until the kernel's OOM killer ends it (run inside a memory cgroup), bounded.
+        print(f"rank {rank}: step {step}: leaking memory (pid {os.getpid()})", flush=True)
+        hoard = []
+        while time.monotonic() < end:
+            hoard.append(bytearray(b"x" * (32 << 20)))  # written, so resident
+            time.sleep(0.01)
+        sys.exit(3)  # never killed: end on our own, visibly not an OOM kill
     if DEATH == "wait_for_kill":
         print(f"rank {rank}: step {step}: waiting to be killed (pid {os.getpid()})", flush=True)
         while time.monotonic() < end:

@@ -33,6 +33,7 @@ from ddptop import __version__, auth, discovery, remains
 from ddptop.agent import jobrecord
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.jobrecord import JobRecord, RankOutcome
+from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
 from ddptop.bundle.format import SCHEMA_VERSION, Frame, Manifest
@@ -80,6 +81,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._known: dict[int, Endpoint] = {}  # rank -> endpoint (its current pid)
         self._exits = ExitWatcher()
+        self._memory = MemoryWatch()  # each rank's memory cgroup: was a SIGKILL the OOM killer's?
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._record_written = 0.0
@@ -230,6 +232,7 @@ class NodeAgent:
             new.append(endpoint)
             with self._lock:
                 self._exits.watch(endpoint.rank, endpoint.pid)
+                self._memory.watch(endpoint.rank, endpoint.pid)
                 self._silence.forget(endpoint.rank)  # a new incarnation is judged afresh
                 self.record.world_size = max(self.record.world_size, endpoint.world_size)
                 self.record.ranks = [o for o in self.record.ranks if o.rank != endpoint.rank]
@@ -355,8 +358,10 @@ class NodeAgent:
         if state is not None:
             self._event(RecordEntry(time=gone.time, rank=gone.key, message=StateMsg(state=state)))
         self._record_crash_file(gone.key)
+        oom = self._memory.verdict(gone.key, gone.pid, gone.signal)
         exit_event = RankExit(time=gone.time, rank=gone.key, pid=gone.pid, host=endpoint.node or self.host,
-                              exit_code=gone.exit_code, signal=gone.signal)
+                              exit_code=gone.exit_code, signal=gone.signal, cause=oom.cause,
+                              memory_limit_bytes=oom.limit_bytes, memory_peak_bytes=oom.peak_bytes)
         self._event(exit_event)
         with self._lock:
             self._update_outcomes(gone, state)

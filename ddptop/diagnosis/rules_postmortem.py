@@ -14,6 +14,7 @@ happened by time and name the first cause:
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from ddptop.diagnosis.common import ACTIVE, ranks_text
@@ -23,6 +24,7 @@ from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.status import Status
+from ddptop.textfmt import human_bytes
 
 FATAL_SIGNALS = frozenset(("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"))
 FAILED = frozenset((Status.CRASHED, Status.TERMINATED, Status.LOST))
@@ -187,29 +189,70 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                    evidence=evidence, remedy=_remedy(first), step=step, since=t0)
 
 
+def cause_line(text: str, limit: int = 240) -> str:
+    """The one line of a failure's text that says its cause: the innermost exception's own line
+    (a DataLoader worker's error wraps the original traceback; its last line is the cause)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return (lines[0] if lines else "")[:limit]
+    raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    return (raised[-1] if raised else lines[-1])[:limit]
+
+
 def _how(s: RankState) -> str:
-    """How one rank ended, in words."""
+    """How one rank ended, in one line."""
+    reason = cause_line(s.exit_reason)
     if PEER_GONE.search(s.exit_reason):
-        return f"{s.exit_reason[:200]} (a consequence: a peer was already gone)"
+        return f"{cause_line(s.exit_reason, 200)} (a consequence: a peer was already gone)"
+    shm = _shm_full(s)
+    if shm:
+        return shm
     if s.worker_crashes:
         w = s.worker_crashes[0]
         who = f"worker {w.worker_id} " if w.worker_id is not None else "worker "
         return (f"its DataLoader {who}(pid {w.pid}) died of {w.signal or 'an unknown cause'}; "
-                f"the rank then failed ({s.exit_reason[:160] or 'no reason left'})")
+                f"the rank then failed ({reason[:160] or 'no reason left'})")
     sig = s.exit_signal
     if sig in FATAL_SIGNALS:
-        return f"died of {sig}" + (f" ({s.exit_reason})" if s.exit_reason else "")
+        return f"died of {sig}" + (f" ({reason})" if reason else "")
+    if sig == "SIGKILL" and s.exit_cause == "oom_kill":
+        return "killed by the OOM killer: " + _memory_words(s)
     if sig == "SIGKILL":
-        return "killed by SIGKILL from outside the job (the OOM killer, the scheduler or a person)"
+        return "killed (SIGKILL) from outside the job; the kernel names no OOM kill (scheduler, person?)"
     if sig in ("SIGTERM", "SIGINT", "SIGHUP") or s.status == Status.TERMINATED:
         return f"stopped by {sig or 'SIGTERM'} from outside the job"
     if s.status == Status.LOST:
         return "vanished without last words or an exit status (killed by SIGKILL from outside?)"
-    if s.exit_reason:
-        return s.exit_reason
+    if reason:
+        return reason
     if s.exit_code:
         return f"exited with code {s.exit_code}"
     return "died, no reason left"
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]{0,120}(Error|Exception|Interrupt|Exit|Warning)\b.{0,2000}$")
+_SHM_ERROR = re.compile(r"No space left on device|unable to write to file </torch_|Bus error|shared memory",
+                        re.IGNORECASE)
+
+
+def _shm_full(s: RankState) -> str:
+    """'/dev/shm is full ...' when the rank's failure is a shared-memory write that did not fit."""
+    text = s.exit_reason + " ".join(w.signal for w in s.worker_crashes)
+    if not _SHM_ERROR.search(text) or not any(w in text for w in ("DataLoader", "/torch_", "/dev/shm")):
+        return ""
+    size = (f" ({human_bytes(s.shm_total_bytes)}, {human_bytes(s.shm_used_bytes)} used at the last sample)"
+            if s.shm_total_bytes else "")
+    worker = re.search(r"DataLoader worker process (\d+)", s.exit_reason)
+    who = f"DataLoader worker {worker.group(1)} of rank {s.rank}" if worker else f"rank {s.rank}"
+    return f"/dev/shm is full{size}: {who} could not hand over its batch ({cause_line(s.exit_reason, 160)})"
+
+
+def _memory_words(s: RankState) -> str:
+    rss = s.rss_bytes or s.memory_peak_bytes
+    limit = (f"the cgroup limit {human_bytes(s.memory_limit_bytes)}" if s.memory_limit_bytes
+             else "no cgroup limit")
+    peak = f" (the cgroup peaked at {human_bytes(s.memory_peak_bytes)})" if s.memory_peak_bytes else ""
+    return f"RSS {human_bytes(rss)} at its last sample, {limit}{peak}"
 
 
 def _ended_at(state: RankState, histories: dict[int, list[Sample]]) -> float:
@@ -228,6 +271,13 @@ def _last_step(state: RankState, histories: dict[int, list[Sample]]) -> int:
 
 def _remedy(state: RankState) -> str:
     reason = f"{state.exit_reason} {state.exit_signal}".lower()
+    if _shm_full(state):
+        return ("give the job a bigger /dev/shm (docker --shm-size, a Kubernetes emptyDir of medium "
+                "Memory), use fewer DataLoader workers or a smaller prefetch_factor, or "
+                "torch.multiprocessing.set_sharing_strategy('file_system')")
+    if state.exit_cause == "oom_kill":
+        return ("the rank outgrew its memory: lower the batch size, num_workers or prefetch_factor, look "
+                "for a leak in its RSS trend (ddptop replay), or raise the memory limit of the job")
     if state.worker_crashes:
         return ("a DataLoader worker died (native code in the dataset or its transforms; 'Killed' is the OOM "
                 "killer): read the worker's stack, rerun with num_workers=0 to see it in the main process, "

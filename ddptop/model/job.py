@@ -206,8 +206,8 @@ class JobModel:
                 # Never heard from, but the agent saw it end: its exit is all there is.
                 states.append(RankState(rank=rank, local_rank=-1, world_size=self.world_size,
                                         host=view.exit.host, pid=view.exit.pid, job_id=self.job_id,
-                                        status=status, time=view.exit.time, exit_code=view.exit.exit_code,
-                                        exit_signal=view.exit.signal, exited_at=view.exit.time))
+                                        status=status, time=view.exit.time,
+                                        **exit_fields(view.exit)))  # type: ignore[arg-type]
                 continue
             fields = exit_fields(view.exit)
             if status != view.state.status:

@@ -83,4 +83,6 @@ def exit_fields(exit: RankExit | None) -> dict[str, object]:
     """The RankState fields that carry an agent's RankExit (for msgspec.structs.replace)."""
     if exit is None:
         return {}
-    return {"exit_code": exit.exit_code, "exit_signal": exit.signal, "exited_at": exit.time}
+    return {"exit_code": exit.exit_code, "exit_signal": exit.signal, "exited_at": exit.time,
+            "exit_cause": exit.cause, "memory_limit_bytes": exit.memory_limit_bytes,
+            "memory_peak_bytes": exit.memory_peak_bytes}

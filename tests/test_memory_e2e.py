@@ -1,0 +1,126 @@
+"""Out of memory and a full /dev/shm, named as such (#20 item 4): a real OOM kill in a memory cgroup,
+and a real job in a mount namespace with a 2 MB /dev/shm.
+
+The test makes a memory cgroup of its own (cgroup v1 here, v2 where that is what the machine
+has), starts ``ddptop launch -- torchrun`` inside it, and lets one rank leak until the
+kernel's OOM killer ends it. After the job ended, ``ddptop doctor --json JOB`` must say
+"killed by the OOM killer" with the cgroup's limit, not guess at a SIGKILL from outside.
+The cgroup is removed whatever happens; where it cannot be made the test skips, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddptop.proctree import stop_tree
+from tests.jobs import BIN, PROBES, JobRunner, ddptop_cmd, wait_until
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 1536 << 20  # torchrun and two ranks with torch fit in about 1 GiB; the leak does not
+V1 = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[Path]:
+    """A fresh cgroup v1 memory cgroup with a limit and no swap; removed at the end."""
+    if not (V1 / "cgroup.procs").is_file():
+        pytest.skip("no cgroup v1 memory controller mounted at /sys/fs/cgroup/memory")
+    path = V1 / f"ddptop-test-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+        (path / "memory.limit_in_bytes").write_text(str(LIMIT))
+    except OSError as exc:
+        if path.exists():
+            path.rmdir()
+        pytest.skip(f"cannot make a memory cgroup here: {exc.strerror or exc}")
+    for name, value in (("memory.swappiness", "0"), ("memory.memsw.limit_in_bytes", str(LIMIT))):
+        try:
+            (path / name).write_text(value)
+        except OSError:
+            pass  # no swap accounting: with no swap on the machine the limit holds anyway
+    try:
+        yield path
+    finally:
+        def empty() -> bool:
+            return not (path / "cgroup.procs").read_text().split()
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        wait_until(empty, 30, "the test cgroup to be empty")
+        deadline = time.monotonic() + 10
+        while path.exists() and time.monotonic() < deadline:
+            try:
+                path.rmdir()
+            except OSError:
+                time.sleep(0.1)
+        assert not path.exists(), f"cgroup {path} left behind"
+
+
+def test_oom_kill_named_from_the_kernels_word(job_runner: JobRunner, memory_cgroup: Path) -> None:
+    job_id = f"oom{uuid.uuid4().hex[:6]}"
+    env = job_runner.env({"PROBE_DEATH": "leak", "PROBE_DIE_RANK": "1", "PROBE_DIE_AT_STEP": "5",
+                          "PROBE_SECONDS": "60"})
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(PROBES / "rank_dies.py")]
+    launch = ddptop_cmd("launch", "--job-id", job_id, "--interval", "0.25", "--", *torchrun)
+    script = f'echo $$ > {memory_cgroup / "cgroup.procs"} && exec "$@"'
+    log = job_runner.tmp / "oom.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["sh", "-c", script, "sh", *launch], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout=150)
+    finally:
+        stop_tree(proc)
+    text = log.read_text(errors="replace")
+    assert "leaking memory" in text, text[-3000:]
+    oom_kills = (memory_cgroup / "memory.oom_control").read_text()
+    assert "oom_kill 0" not in oom_kills, oom_kills  # the kernel did kill
+    res = subprocess.run(ddptop_cmd("doctor", "--json", job_id), env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    lost = next(f for f in json.loads(res.stdout)["findings"] if f["kind"] == "rank_lost")
+    assert lost["ranks"][0] == 1, lost
+    assert "killed by the OOM killer" in lost["title"] and "cgroup limit 1.5G" in lost["title"], lost
+    assert "\n" not in lost["title"]
+
+
+def test_full_dev_shm_named_with_its_size(job_runner: JobRunner) -> None:
+    """A job in a mount namespace of its own whose /dev/shm is a 2 MB tmpfs (a container
+    without --shm-size): its DataLoader workers cannot hand their batches over."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace here: {probe.stderr.strip()[:200]}")
+    job_id = f"shm{uuid.uuid4().hex[:6]}"
+    env = job_runner.env()
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                str(PROBES / "shm_exhaustion.py")]
+    launch = ddptop_cmd("launch", "--job-id", job_id, "--interval", "0.25", "--", *torchrun)
+    # The namespace (and its tmpfs) dies with the last process in it: nothing to clean.
+    script = 'mount -t tmpfs -o size=2m tmpfs /dev/shm && exec "$@"'
+    log = job_runner.tmp / "shm.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", *launch], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout=150)
+    finally:
+        stop_tree(proc)
+    assert "No space left on device" in log.read_text(errors="replace"), log.read_text()[-3000:]
+    res = subprocess.run(ddptop_cmd("doctor", "--json", job_id), env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    lost = next(f for f in json.loads(res.stdout)["findings"] if f["kind"] == "rank_lost")
+    assert "/dev/shm is full (2.0M" in lost["title"] and "DataLoader worker 0 of rank" in lost["title"], lost
+    assert "No space left on device" in lost["title"] and "\n" not in lost["title"], lost
+    assert "--shm-size" in lost["remedy"]
