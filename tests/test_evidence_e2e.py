@@ -107,3 +107,17 @@ def test_launch_puts_nccl_dumps_into_the_record(job_runner: JobRunner) -> None:
     findings = json.loads(res.stdout)["findings"]
     stall = [f for f in findings if f["kind"] == "collective_stall"]
     assert stall and stall[0]["ranks"] == [1], findings
+
+
+def test_launch_keeps_the_jobs_stderr_and_names_a_cxx_abort_by_its_words(job_runner: JobRunner) -> None:
+    """A C++ abort leaves no Python last words; its what() line, in the job's stderr, says why."""
+    job = job_runner.start("size_mismatch", nproc=2)
+    job.wait(timeout=120)
+    console = job.runtime_dir / "jobs" / job.job_id / "console.log"
+    assert "what():" in console.read_text(errors="replace"), job.log()[-3000:]
+    assert "what():" in job.log()  # passed through to launch's own stderr as well
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    assert res.returncode == 1, res.stderr
+    lost = next(f for f in json.loads(res.stdout)["findings"] if f["kind"] == "rank_lost")
+    assert lost["ranks"][0] == 0 and "died of SIGABRT (gloo enforce failed" in lost["title"], lost
+    assert "vs 4" in lost["title"] and "\n" not in lost["title"], lost

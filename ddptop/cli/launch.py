@@ -27,6 +27,8 @@ from ddptop.agent import jobrecord, outside
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
+from ddptop.agent.stderr_tail import DEFAULT_CAP_BYTES as DEFAULT_TAIL_BYTES
+from ddptop.agent.stderr_tail import StderrTail
 from ddptop.errors import DdptopError, UsageError
 from ddptop.textfmt import rank_ranges
 
@@ -114,12 +116,16 @@ def run(args: argparse.Namespace) -> int:
         _serve_node(agent, job_id, args.bind or env.get("DDPTOP_BIND") or "127.0.0.1", env)
         if listen is not None:
             _serve_metrics(agent, listen)
+    tail = _stderr_tail(job_id, cap) if agent is not None and cap > 0 else None
     try:
-        proc = subprocess.Popen(command, env=env)
+        proc = subprocess.Popen(command, env=env, stderr=tail.child_fd if tail is not None else None)
     except OSError as exc:
         if agent is not None:
             agent.finish(None, grace_s=0)
         raise UsageError(f"cannot start {command[0]}: {exc.strerror}") from None
+    if tail is not None:
+        tail.child_started()
+        tail.start()
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)
@@ -127,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     code = proc.wait()
+    if tail is not None:
+        tail.join(STDERR_DRAIN_S)  # the job's last words on stderr, into the record first
     if agent is None:
         return code
     record = agent.finish(code)
@@ -140,6 +148,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
               file=sys.stderr)
     return code
+
+
+STDERR_DRAIN_S = 5.0
+
+
+def _stderr_tail(job_id: str, cap: int) -> StderrTail | None:
+    """The job's stderr through us, its tail into the record; None (stderr as it was) on trouble."""
+    try:
+        keep = min(DEFAULT_TAIL_BYTES, max(cap // 4, 1 << 16))
+        return StderrTail(jobrecord.job_dir(job_id, create=True), keep)
+    except (OSError, ValueError) as exc:
+        print(f"ddptop: the job's stderr is not kept: {exc}", file=sys.stderr)
+        return None
 
 
 def _job_token_quietly(job_id: str) -> None:

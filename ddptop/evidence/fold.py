@@ -109,7 +109,7 @@ def _added_to(last: RecordEntry, dump: RankDump | None, failure: RankFailure | N
                   for g in state.collectives]
         fields["collectives"] = merged + list(from_dump.values())
         when = max(when, dump.dump_time)
-    if failure is not None and not state.exit_reason and failure.message:
+    if failure is not None and failure.message and _says_less(state.exit_reason, failure.message):
         fields["exit_reason"] = failure.message
     if not fields:
         return []
@@ -118,6 +118,12 @@ def _added_to(last: RecordEntry, dump: RankDump | None, failure: RankFailure | N
     if dump is not None:
         out += _dump_extras(last.rank, dump)
     return out
+
+
+def _says_less(reason: str, message: str) -> bool:
+    """True when the rank's own last word says less than the log: nothing, or only the name of
+    the signal that killed it ("Aborted"), where stderr has C++'s what() line."""
+    return not reason or (len(reason) < 40 and ":" not in reason and "\n" not in reason and message != reason)
 
 
 def _with_dump_group(live: CollectiveGroup, dumped: CollectiveGroup) -> CollectiveGroup:

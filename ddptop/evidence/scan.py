@@ -27,6 +27,7 @@ from ddptop.evidence.fold import fold_evidence
 from ddptop.evidence.types import RankDump, RankFailure
 from ddptop.wire import MAGIC
 
+CONSOLE_FILE = "console.log"  # ddptop launch's tail of the job's stderr (agent/stderr_tail.py)
 HEAD_BYTES = 4096  # what recognising a file reads of it
 MAX_DEPTH = 4  # folders below a named one
 MAX_FILES = 100_000  # files looked at, per set
@@ -69,13 +70,22 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
         if path.is_dir() and is_recording(path):
             found.recordings.append(path)
             for child in _files(path, found):  # launch puts NCCL's dumps into the job's record
-                if not child.name.endswith(".ddptop"):
+                if child.name in (CONSOLE_FILE, CONSOLE_FILE + ".1"):
+                    _read_console(child, found)  # the job's own stderr, whatever it starts with
+                elif not child.name.endswith(".ddptop"):
                     _read_one(child, found, budget, pending)
             continue
         for file in ([path] if not path.is_dir() else _files(path, found)):
             _read_one(file, found, budget, pending)
     _read_dumps(pending, found)
     return found
+
+
+def _read_console(path: Path, found: Evidence) -> None:
+    try:
+        found.failures += torchrun_log.read_torchrun_log(path)
+    except DdptopError as exc:
+        found.warnings.append(str(exc))
 
 
 def _read_dumps(paths: list[Path], found: Evidence) -> None:

@@ -28,6 +28,8 @@ import signal
 import time
 from pathlib import Path
 
+import msgspec
+
 from ddptop.errors import EvidenceError
 from ddptop.evidence.types import RankFailure
 
@@ -62,7 +64,7 @@ def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
         raise EvidenceError(f"{p}: cannot read ({exc.strerror or exc})") from None
     lines = [ln[:MAX_LINE] for ln in data.decode("utf-8", "replace").splitlines()]
     tracebacks = _rank_tracebacks(lines)
-    summary = _summary(lines, str(p))
+    summary = _attribute_terminate(_summary(lines, str(p)), lines)
     out: dict[int, RankFailure] = {f.rank: f for f in summary}
     for rank, tb in tracebacks.items():
         message = _exception_line(tb)
@@ -76,6 +78,27 @@ def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
                                     traceback=tb[-MAX_TRACEBACK_LINES:] or known.traceback,
                                     exit_code=known.exit_code, signal=known.signal, first=known.first)
     return [out[r] for r in sorted(out)]
+
+
+_WHAT = re.compile(r"^\s{0,8}what\(\):\s+(.{1,1000})$")
+
+
+def _attribute_terminate(failures: list[RankFailure], lines: list[str]) -> list[RankFailure]:
+    """C++'s ``terminate called ... what(): ...`` carries no rank: give it to the one rank
+    torchrun says died of SIGABRT, when exactly one did (else it names no rank: left out)."""
+    said = [m.group(1).strip() for line in lines if (m := _WHAT.match(line))]
+    aborted = [i for i, f in enumerate(failures) if f.signal == "SIGABRT"]
+    if not said or len(aborted) != 1:
+        return failures
+    out = list(failures)
+    message = _enforce_text(said[-1])
+    out[aborted[0]] = msgspec.structs.replace(out[aborted[0]], message=message)
+    return out
+
+
+def _enforce_text(text: str) -> str:
+    # "[enforce fail at .../pair.cc:446] op.preamble.length <= op.nbytes. 1092 vs 4": the check, not the path
+    return re.sub(r"^\[enforce fail at [^\]]{0,300}\]\s*", "gloo enforce failed: ", text)[:400]
 
 
 def _rank_tracebacks(lines: list[str]) -> dict[int, list[str]]:
