@@ -133,3 +133,34 @@ def test_fuzzed_dumps_raise_only_evidence_errors(real_dumps: Path, data: st.Data
 def test_tensor_text() -> None:
     assert tensor_text([[4, 6922]], "Float") == "[4, 6922] float32"
     assert tensor_text([[2], [3, 3]], "BFloat16") == "[2] + [3, 3] bfloat16"
+
+
+def test_stderr_tail_passes_everything_through_and_keeps_a_masked_capped_tail(tmp_path: Path) -> None:
+    from ddptop.agent.stderr_tail import CONSOLE_FILE, StderrTail
+
+    read_end, write_end = os.pipe()  # stands in for ddptop's own stderr
+    tail = StderrTail(tmp_path, cap_bytes=64 * 1024, target_fd=write_end)
+    script = ("import sys\n"
+              "for i in range(4000):\n"
+              "    sys.stderr.write(f'line {i} db password=Hunter2Canary' + chr(10))\n"
+              "sys.stderr.write('what():  the end')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=tail.child_fd)
+    tail.child_started()
+    tail.start()
+    passed = bytearray()
+    os.set_blocking(read_end, False)
+    while proc.poll() is None or tail._thread.is_alive():
+        try:
+            passed += os.read(read_end, 1 << 16)
+        except BlockingIOError:
+            tail.join(0.05)
+    tail.join(10)
+    os.close(write_end)
+    while chunk := os.read(read_end, 1 << 16):
+        passed += chunk
+    os.close(read_end)
+    assert passed.count(b"Hunter2Canary") == 4000 and passed.endswith(b"what():  the end")  # unchanged
+    kept = (tmp_path / (CONSOLE_FILE + ".1")).read_bytes() + (tmp_path / CONSOLE_FILE).read_bytes()
+    assert b"Hunter2Canary" not in kept and b"password=***" in kept
+    assert kept.endswith(b"what():  the end") and b"line 3999 " in kept
+    assert len(kept) <= 64 * 1024

@@ -8,7 +8,8 @@ every byte to its own stderr at once, and keeps the last ``cap`` bytes in the re
 with the torchrun-log reader. Where ddptop's stderr is a terminal the job gets a
 pseudo-terminal, so it still sees a terminal (colours, progress bars); else a pipe, as it
 had before. The copy never waits on the record: a write that fails stops the record, not
-the job.
+the job. What is kept is masked like every other file ddptop writes (secret-looking values,
+credentials in URLs, the values of secret-named variables); what is passed through is not.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import pty
 import threading
 from pathlib import Path
 
+from ddptop.secrets_filter import MASK, is_secret_name, mask_value
+
 log = logging.getLogger(__name__)
 
 CONSOLE_FILE = "console.log"
 DEFAULT_CAP_BYTES = 8 << 20  # both halves together
 READ_CHUNK = 64 * 1024
+MAX_PARTIAL = 64 * 1024  # a line longer than this is masked and kept in pieces
 
 
 class StderrTail:
@@ -40,6 +44,10 @@ class StderrTail:
         self._file: int | None = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                                          | os.O_APPEND, 0o600)
         self._written = 0
+        self._partial = b""
+        # Values of secret-named variables, masked wherever they appear (an echoed config).
+        self._secrets = sorted({v for k, v in os.environ.items() if is_secret_name(k) and len(v) >= 6},
+                               key=len, reverse=True)
         self._thread = threading.Thread(target=self._copy, name="ddptop-stderr", daemon=True)
 
     def start(self) -> None:
@@ -66,12 +74,21 @@ class StderrTail:
                 _write_all(self._target, data)
                 self._keep(data)
         finally:
+            self._keep(b"", final=True)
             os.close(self._read_fd)
             if self._file is not None:
                 os.close(self._file)
                 self._file = None
 
-    def _keep(self, data: bytes) -> None:
+    def _keep(self, data: bytes, final: bool = False) -> None:
+        """Mask secrets line by line (a line cut between two reads waits for its end), then keep."""
+        buf = self._partial + data
+        cut = len(buf) if final or len(buf) > MAX_PARTIAL else buf.rfind(b"\n") + 1
+        self._partial = buf[cut:]
+        if cut:
+            self._store(_masked(buf[:cut], self._secrets))
+
+    def _store(self, data: bytes) -> None:
         if self._file is None:
             return
         try:
@@ -87,6 +104,14 @@ class StderrTail:
             if self._file is not None:
                 os.close(self._file)
             self._file = None
+
+
+def _masked(data: bytes, secrets: list[str]) -> bytes:
+    """*data* with what looks like a secret masked, as everywhere else ddptop writes a file."""
+    text = mask_value(data.decode("utf-8", "replace"))
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text.encode()
 
 
 def _write_all(fd: int, data: bytes) -> None:
