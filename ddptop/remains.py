@@ -36,14 +36,21 @@ WORKER_DEATH = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)\s*"
                           r"(?:is killed by signal: ([^.]+)|exited unexpectedly)")
 
 
+def read_bounded(path: str | os.PathLike[str], limit: int, *, tail: bool) -> tuple[bytes, int]:
+    """At most *limit* bytes of *path* (its end when *tail*, else its start) and its size;
+    never through a link. The one way a file from a rank or from elsewhere is read; OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if tail:
+            fh.seek(max(0, size - limit))
+        return fh.read(limit), size
+
+
 def read_text_tail(path: Path, limit: int = MAX_CRASH_READ) -> tuple[str, bool]:
     """The last *limit* bytes of *path* as text, and whether it was cut ("" if unreadable)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - limit))
-            data = fh.read(limit)
+        data, size = read_bounded(path, limit, tail=True)
     except OSError:
         return "", False
     return data.decode("utf-8", errors="replace"), size > limit

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddptop.errors import EvidenceError
 from ddptop.evidence.types import RankFailure
+from ddptop.remains import read_bounded
 
 MAX_ERROR_FILE_BYTES = 4 << 20
 MAX_TRACEBACK_LINES = 200
@@ -35,9 +36,7 @@ def read_elastic_error(path: str | os.PathLike[str]) -> list[RankFailure]:
     """The failure an error file records (one), EvidenceError if it is not one."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_ERROR_FILE_BYTES + 1)
+        data, _size = read_bounded(p, MAX_ERROR_FILE_BYTES + 1, tail=False)
     except OSError as exc:
         raise EvidenceError(f"{p}: cannot read ({exc.strerror or exc})") from None
     if len(data) > MAX_ERROR_FILE_BYTES:

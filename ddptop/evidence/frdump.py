@@ -19,6 +19,7 @@ from ddptop.errors import EvidenceError
 from ddptop.evidence import safe_pickle
 from ddptop.evidence.types import FrGroup, FrOp, FrProgress, RankDump
 from ddptop.protocol import FrameStack
+from ddptop.remains import read_bounded
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_ENTRIES = 1 << 20
@@ -40,15 +41,15 @@ def read_dump(path: str | os.PathLike[str], max_bytes: int = MAX_DUMP_BYTES) -> 
     """The dump at *path*, normalised; EvidenceError (one line naming the file) if unusable."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > max_bytes:
-                raise EvidenceError(f"{p}: {size} bytes, over the {max_bytes >> 20} MiB cap for a dump")
-            data = fh.read(max_bytes + 1)
-            mtime = os.fstat(fh.fileno()).st_mtime
+        info = os.lstat(p)
+        if info.st_size > max_bytes:  # refused before anything is read
+            raise EvidenceError(f"{p}: {info.st_size} bytes, over the {max_bytes >> 20} MiB cap for a dump")
+        data, size = read_bounded(p, max_bytes + 1, tail=False)
     except OSError as exc:
         raise EvidenceError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if size > max_bytes:  # it grew meanwhile
+        raise EvidenceError(f"{p}: {size} bytes, over the {max_bytes >> 20} MiB cap for a dump")
+    mtime = info.st_mtime
     try:
         raw, fmt = _decode(data)
         return normalise(raw, path=str(p), fmt=fmt, mtime=mtime)

@@ -32,6 +32,7 @@ import msgspec
 
 from ddptop.errors import EvidenceError
 from ddptop.evidence.types import RankFailure
+from ddptop.remains import read_bounded
 
 MAX_LOG_BYTES = 64 << 20  # the tail of a longer log is read
 MAX_LINE = 4096
@@ -55,11 +56,7 @@ def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
     """Every rank failure the log tells of, the summary's facts joined to the ranks' tracebacks."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - MAX_LOG_BYTES))
-            data = fh.read(MAX_LOG_BYTES)
+        data, _size = read_bounded(p, MAX_LOG_BYTES, tail=True)  # a longer log: its end tells
     except OSError as exc:
         raise EvidenceError(f"{p}: cannot read ({exc.strerror or exc})") from None
     lines = [ln[:MAX_LINE] for ln in data.decode("utf-8", "replace").splitlines()]
