@@ -17,6 +17,7 @@ import textwrap
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from ddptop.diagnosis import diagnose
@@ -216,3 +217,11 @@ def test_rank_detail_lists_every_loader() -> None:
     assert "#0 eval  DataLoader(Val)  batch 0/40" in text
     assert "#1 train DataLoader(Train)  batch 0/1250" in text and "steps 9" in text
     assert "#2 ?     DataLoader(Test)" in text and "pids 4242" in text
+
+
+def test_unequal_eval_loaders_named_after_the_job_died() -> None:
+    """Post-mortem too: a dead rank's loader lengths are facts (rank 3's validation loader has one more)."""
+    states = [msgspec.structs.replace(rank(r, 4, loaders=_loaders(1250, 14 if r == 3 else 13)),
+                                      status="crashed" if r == 3 else "torn_down") for r in range(4)]
+    finding = only(diagnose(snap(states), {}, NOW), "unequal_eval_batches")
+    assert finding.ranks == [3] and "rank 3: 14" in finding.evidence[0]

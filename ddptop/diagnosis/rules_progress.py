@@ -84,7 +84,7 @@ def _unequal_eval(snapshot: JobSnapshot) -> list[Finding]:
     batch (metric all-reduces, ``sync_dist``), hence a warning, not critical.
     """
     lengths: dict[tuple[int, str], dict[int, int]] = {}
-    for s in active(snapshot):
+    for s in snapshot.ranks:  # a dead rank's loader lengths are still facts: post-mortem too
         for info in s.loaders:
             if info.role == "eval" and info.length is not None:
                 lengths.setdefault((info.index, info.name), {})[s.rank] = info.length
