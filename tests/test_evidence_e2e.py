@@ -121,3 +121,42 @@ def test_launch_keeps_the_jobs_stderr_and_names_a_cxx_abort_by_its_words(job_run
     lost = next(f for f in json.loads(res.stdout)["findings"] if f["kind"] == "rank_lost")
     assert lost["ranks"][0] == 0 and "died of SIGABRT (gloo enforce failed" in lost["title"], lost
     assert "vs 4" in lost["title"] and "\n" not in lost["title"], lost
+
+
+def test_dashboard_replays_dumps_at_the_last_moment(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """replay of a folder of dumps: every rank in the table, the culprit in the findings panel,
+    the groups' members and last ops in the rank detail."""
+    import asyncio
+
+    from textual.widgets import Static
+
+    from ddptop.bundle.replay_source import ReplaySource
+    from ddptop.evidence.scan import load_evidence
+    from ddptop.tui.app import DdptopApp
+    from ddptop.tui.widgets.rank_table import RankTable
+
+    dumps = fr_dump_set(tmp_path_factory, "subgroup")
+    source = ReplaySource(load_evidence([dumps]))
+
+    async def go() -> None:
+        app = DdptopApp(source, clock=lambda: source.end_time)
+        async with app.run_test(size=(160, 45)) as pilot:
+            table = app.query_one(RankTable)
+            for _ in range(100):
+                if len(table.shown_rows) == 4:
+                    break
+                await pilot.pause(0.05)
+            assert [r.rank for r in table.shown_rows] == [0, 1, 2, 3]
+            for _ in range(100):
+                findings = str(app.query_one("#findings", Static).render())
+                if "never entered" in findings:
+                    break
+                await pilot.pause(0.05)
+            assert "rank 1 never entered all_reduce [64] float32 #3" in findings, findings
+            await pilot.press("enter")  # the detail of rank 0: waiting in group 1
+            await pilot.pause(0.3)
+            detail = "\n".join(str(w.render()) for w in app.screen.query(Static))
+            assert "group 1" in detail and "pending gloo:all_reduce #1 Float" in detail, detail[-1500:]
+            assert "done    gloo:all_reduce #2" in detail  # what led there: the default group's last ops
+
+    asyncio.run(go())

@@ -96,8 +96,19 @@ def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
                     comm_lib_version=str(raw.get("comm_lib_version") or raw.get("nccl_version") or ""),
                     backend=sorted(backends)[0] if len(backends) == 1 else ",".join(sorted(backends)),
                     groups=groups, progress=progress, entries=entries,
-                    dump_time=max(times, default=0.0) or mtime, entries_total=len(entries_raw),
+                    dump_time=_dump_time(max(times, default=0.0), mtime), entries_total=len(entries_raw),
                     warnings=warnings)
+
+
+MTIME_TRUSTED_S = 3600.0
+
+
+def _dump_time(newest: float, mtime: float) -> float:
+    """When the dump was written: the file's mtime where it fits (at or after the newest op, by
+    less than an hour: a copy without -p would stamp the copy's time), else the newest op."""
+    if not newest:
+        return mtime
+    return mtime if newest <= mtime <= newest + MTIME_TRUSTED_S else newest
 
 
 def _last_per_group(entries: list[Any], keep: int) -> list[dict[str, Any]]:
