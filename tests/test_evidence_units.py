@@ -52,7 +52,9 @@ def test_both_formats_of_a_real_dump_read_alike(real_dumps: Path) -> None:
     for dump in (a, b):
         assert dump.rank == 0 and dump.backend == "gloo" and dump.version
         assert [op.collective_seq for op in dump.entries] == [1, 2, 3]
-        assert {op.pg_name for op in dump.entries} == {"0"} and dump.progress["0"].last_completed == 3
+        # gloo marks completion from its own threads: at the dump any of the three may still show
+        assert {op.pg_name for op in dump.entries} == {"0"} and dump.progress["0"].last_enqueued == 3
+        assert dump.progress["0"].last_completed in (-1, 1, 2, 3)
         assert all(op.input_sizes == [[3, 5]] and op.input_dtypes == ["Float"] for op in dump.entries)
         assert dump.dump_time > 1.6e9
     assert a.entries[-1].frames and a.entries[-1].frames[-1].function  # pickles carry the stack

@@ -201,6 +201,13 @@ def _blame(rank: int, groups: dict[str, _Group], states: dict[int, RankState], w
     behind = sorted(r for r in h.members if h.entered.get(r, -1) < wait.op.seq and r != rank)
     if h.name == "0":
         behind = sorted(set(behind) | (world - set(states)))
+    if not behind and len(h.members) > 1 and wait.op.seq < max(h.entered.values(), default=0):
+        # Every member entered it and some went further: nothing blocks this op, its completion
+        # was not recorded yet when the rank dumped (gloo retires from its own threads). The
+        # rank is not waiting: it is elsewhere.
+        culprits[rank] = (f"entered no collective since {_last_entered(state)}: it is elsewhere "
+                          "(look at its stack and log)")
+        return
     chain.append(f"rank {rank} waits in {op_text(wait.op)} #{wait.op.seq} of {h.label()}"
                  + (f" for {ranks_text(behind)}" if behind else
                     ": every member the dumps show entered it (on gloo a group's members show only once "
