@@ -51,8 +51,10 @@ def make_real(scenario: str, folder: Path) -> None:
     subprocess.run(cmd, env=env, capture_output=True, timeout=180, check=False, start_new_session=True)
 
 
-def make_generated(folder: Path, ranks: int, entries: int, culprit: int, template: dict[str, object]) -> None:
-    """*ranks* dumps of *entries* entries each, derived from a real dump's entry (pickle, protocol 2)."""
+def make_generated(folder: Path, ranks: int, entries: int, culprit: int, template: dict[str, object],
+                   fmt: str = "pickle") -> None:
+    """*ranks* dumps of *entries* entries each, derived from a real dump's entry: a pickle (protocol 2,
+    every entry with its frames) or JSON as torch's JSON writer has it (no frames, 0 for no time)."""
     base = template["entries"][-1]  # type: ignore[index]
     for rank in range(ranks):
         count = entries - 1 if rank == culprit else entries
@@ -80,7 +82,14 @@ def make_generated(folder: Path, ranks: int, entries: int, culprit: int, templat
             "comm_lib_version": "",
             "entries": rows,
         }
-        (folder / f"{PREFIX}{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+        if fmt == "json":
+            for row in rows:
+                row.pop("frames", None)
+                for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+                    row[key] = row.get(key) or 0
+            (folder / f"{PREFIX}{rank}").write_text(json.dumps(dump))
+        else:
+            (folder / f"{PREFIX}{rank}").write_bytes(pickle.dumps(dump, protocol=2))
 
 
 # ddptop's own peak RSS, and its reading processes' (a large set is read on several):
@@ -169,6 +178,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--sets", nargs="*", default=[], help="folders of real dumps of your own")
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--formats", default="pickle,json", help="formats of the generated set")
     args = parser.parse_args()
     print("| set | tool | culprits found | healthy ranks named | lines | seconds | peak RSS MB | note |")
     print("|---|---|---|---|---|---|---|---|")
@@ -192,18 +202,19 @@ def main() -> None:
                 ("torchfrtrace", run_torchfrtrace(folder, 1 << 16)),
             ):
                 print(row(folder.name, tool, result, None), flush=True)
-        if template is not None and args.ranks:
-            folder = Path(tmp) / "generated"
+        for fmt in args.formats.split(",") if template is not None and args.ranks else []:
+            folder = Path(tmp) / f"generated-{fmt}"
             folder.mkdir()
             culprit = args.ranks // 2 + 5
             began = time.monotonic()
-            make_generated(folder, args.ranks, args.entries, culprit, template)
+            make_generated(folder, args.ranks, args.entries, culprit, template, fmt)
             size = sum(p.stat().st_size for p in folder.iterdir()) >> 20
             took = time.monotonic() - began
-            print(f"<!-- generated {args.ranks} x {args.entries} ({size} MiB) in {took:.0f} s -->")
-            name = f"generated {args.ranks} x {args.entries}"
+            print(f"<!-- generated {args.ranks} x {args.entries} {fmt} ({size} MiB) in {took:.0f} s -->")
+            name = f"generated {args.ranks} x {args.entries}, {fmt}, {size} MiB"
             print(row(name, "ddptop", run_ddptop(folder), {culprit}), flush=True)
             print(row(name, "torchfrtrace", run_torchfrtrace(folder, args.ranks), {culprit}), flush=True)
+            shutil.rmtree(folder)
 
 
 if __name__ == "__main__":
