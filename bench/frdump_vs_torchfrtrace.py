@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCENARIOS = {"skip": {1}, "op": {2}, "killed": {1}, "subgroup": {1}}
 PREFIX = "comm_lib_trace_rank_"
+FRTRACE_TIMEOUT_S = float(os.environ.get("BENCH_FRTRACE_TIMEOUT", "600"))
 
 
 def make_real(scenario: str, folder: Path) -> None:
