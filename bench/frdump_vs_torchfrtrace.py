@@ -138,11 +138,12 @@ def run_torchfrtrace(folder: Path, world: int) -> dict[str, object]:
             [exe, str(folder), "-p", PREFIX, "--allow-incomplete-ranks"],
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=FRTRACE_TIMEOUT_S,
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return {"named": None, "lines": 0, "seconds": 600.0, "note": "timed out after 600 s"}
+        return {"named": None, "lines": 0, "seconds": FRTRACE_TIMEOUT_S,
+                "note": f"timed out after {FRTRACE_TIMEOUT_S:g} s"}
     seconds = time.monotonic() - began
     out = res.stdout + res.stderr
     if res.returncode != 0:
