@@ -192,3 +192,24 @@ def test_job_record_rejects_a_record_naming_another_directory(runtime_dir: Path)
     jobrecord.write_record(JobRecord(job_id="a", host="h"))
     (jobrecord.job_dir("a") / "job.json").write_bytes(msgspec.json.encode(JobRecord(job_id="../b", host="h")))
     assert jobrecord.list_records() == []
+
+
+def test_one_oom_kill_is_put_to_one_rank_of_a_shared_cgroup(tmp_path: Path) -> None:
+    """Ranks share a memory cgroup: after one OOM kill, the next SIGKILL (torchrun's teardown)
+    is not an OOM kill too, unless the cgroup counts another."""
+    from ddptop.agent.oom import OOM_KILL, MemoryCgroup, MemoryWatch
+
+    control = tmp_path / "memory.oom_control"
+    (tmp_path / "memory.limit_in_bytes").write_text(str(1536 << 20))
+    (tmp_path / "memory.max_usage_in_bytes").write_text(str(1500 << 20))
+    control.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    cgroup = MemoryCgroup(tmp_path, v2=False)
+    watch = MemoryWatch()
+    for rank in range(3):
+        watch.watch(rank, 9_990_000 + rank, cgroup)  # above any pid_max: never in the kernel log
+    assert watch.verdict(0, 9_990_000, "SIGKILL").cause == ""  # nothing moved: someone else's SIGKILL
+    control.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    first = watch.verdict(1, 9_990_001, "SIGKILL")
+    assert (first.cause, first.limit_bytes, first.peak_bytes) == (OOM_KILL, 1536 << 20, 1500 << 20)
+    assert watch.verdict(2, 9_990_002, "SIGKILL").cause == ""  # the same kill is not put to a second rank
+    assert watch.verdict(2, 9_990_002, "SIGTERM").cause == ""

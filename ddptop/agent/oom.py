@@ -78,29 +78,38 @@ class OomVerdict:
 
 
 class MemoryWatch:
-    """Each watched rank's memory cgroup and OOM-kill count, from when it was first seen."""
+    """Each watched rank's memory cgroup, and each cgroup's OOM kills not yet put to a rank."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[int, MemoryCgroup | None, int | None]] = {}  # rank -> pid, cgroup, kills
+        self._seen: dict[int, tuple[int, MemoryCgroup | None]] = {}  # rank -> pid, cgroup
+        # cgroup -> kills already accounted for: ranks share a cgroup, and one OOM kill must
+        # not make every rank SIGKILLed afterwards (torchrun's teardown) an OOM victim too.
+        self._accounted: dict[Path, int] = {}
 
-    def watch(self, rank: int, pid: int) -> None:
-        """Note *rank*'s cgroup and counter while it lives."""
-        cgroup = MemoryCgroup.of(pid)
-        self._seen[rank] = (pid, cgroup, cgroup.oom_kills() if cgroup is not None else None)
+    def watch(self, rank: int, pid: int, cgroup: MemoryCgroup | None = None) -> None:
+        """Note *rank*'s cgroup (read from /proc unless given) and the cgroup's count so far."""
+        cgroup = cgroup if cgroup is not None else MemoryCgroup.of(pid)
+        self._seen[rank] = (pid, cgroup)
+        if cgroup is not None and cgroup.path not in self._accounted:
+            self._accounted[cgroup.path] = cgroup.oom_kills() or 0
 
     def verdict(self, rank: int, pid: int, signal: str) -> OomVerdict:
         """Whether the OOM killer ended *rank* (only asked of a SIGKILL)."""
         if signal != "SIGKILL":
             return OomVerdict()
-        seen_pid, cgroup, before = self._seen.get(rank, (pid, None, None))
+        seen_pid, cgroup = self._seen.get(rank, (pid, None))
         if seen_pid != pid:
-            cgroup, before = None, None
+            cgroup = None
         limit = cgroup.limit() if cgroup is not None else None
         peak = cgroup.peak() if cgroup is not None else None
-        after = cgroup.oom_kills() if cgroup is not None else None
-        if before is not None and after is not None and after > before:
+        if pid in killed_by_kernel():  # the kernel names this very pid
+            if cgroup is not None:
+                self._accounted[cgroup.path] = max(self._accounted.get(cgroup.path, 0),
+                                                   (cgroup.oom_kills() or 0))
             return OomVerdict(OOM_KILL, limit, peak)
-        if pid in killed_by_kernel():
+        after = cgroup.oom_kills() if cgroup is not None else None
+        if cgroup is not None and after is not None and after > self._accounted.get(cgroup.path, after):
+            self._accounted[cgroup.path] += 1  # this kill is this rank's; the next SIGKILL needs its own
             return OomVerdict(OOM_KILL, limit, peak)
         return OomVerdict("", limit, peak)
 
