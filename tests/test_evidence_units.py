@@ -166,3 +166,34 @@ def test_stderr_tail_passes_everything_through_and_keeps_a_masked_capped_tail(tm
     assert b"Hunter2Canary" not in kept and b"password=***" in kept
     assert kept.endswith(b"what():  the end") and b"line 3999 " in kept
     assert len(kept) <= 64 * 1024
+
+
+@pytest.mark.parametrize("fmt", ["dump_0", "json_0"])
+def test_each_groups_last_entries_are_kept_however_deep(real_dumps: Path, tmp_path: Path, fmt: str) -> None:
+    """Reading walks back from the newest entry and stops when every configured group has its
+    share: a group last used long ago keeps its entries, the busy one keeps only its last."""
+    import json
+
+    raw = frdump._decode((real_dumps / fmt).read_bytes())[0]
+    template = raw["entries"][-1]
+    key = "process_group" if "process_group" in template else "pg_id"
+
+    def entry(group: str, seq: int) -> dict[str, object]:
+        moved = (group, "pp") if key == "process_group" else int(group)
+        return {**template, key: moved, "collective_seq_id": seq, "record_id": seq}
+
+    rows = [entry("0", i) for i in range(1, 201)] + [entry("1", i) for i in range(1, 4)]
+    rows += [entry("0", i) for i in range(201, 301)]
+    dump = {**raw, "entries": rows,
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"},
+                          "1": {"name": "1", "desc": "pp", "ranks": "[0]"}}}
+    path = tmp_path / "trace_rank_0"
+    if fmt == "json_0":
+        path.write_text(json.dumps(dump))
+    else:
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    read = frdump.read_dump(path)
+    assert read.entries_total == 303
+    by_group = {g: [op.collective_seq for op in read.entries if op.pg_name == g] for g in ("0", "1")}
+    assert by_group["1"] == [1, 2, 3]
+    assert by_group["0"] == list(range(300 - frdump.KEEP_PER_GROUP + 1, 301))

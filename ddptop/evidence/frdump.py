@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -27,6 +28,7 @@ MAX_ENTRIES = 1 << 20
 KEEP_PER_GROUP = 64  # entries kept per group: twice what a rank's last words carry
 _RANK_IN_NAME = re.compile(r"(\d{1,7})(?:\.(?:json|pkl|pickle|bin))?$")
 _P2P = re.compile(r"\b(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+T = TypeVar("T")
 _KEYS = (b"pg_config", b"entries", b"pg_status", b"comm_lib_version", b"nccl_version")
 
 
@@ -58,19 +60,110 @@ def read_dump(path: str | os.PathLike[str], max_bytes: int = MAX_DUMP_BYTES) -> 
         raise EvidenceError(f"{p}: {exc}") from None
 
 
-def _decode(data: bytes) -> tuple[dict[str, Any], str]:
+class _JsonDump(msgspec.Struct):
+    """A JSON dump's top level, its entries left as raw bytes: only each group's last ones are
+    decoded (decoding all of them was 90% of reading a 2000-entry dump)."""
+
+    entries: list[msgspec.Raw] = []
+    version: Any = None
+    pg_config: Any = None
+    pg_status: Any = None
+    comm_lib_version: Any = None
+    nccl_version: Any = None
+    rank: Any = None
+    hostname: Any = None
+    host: Any = None
+
+
+class _EntryGroup(msgspec.Struct):
+    """The one thing read from every entry: which group it belongs to."""
+
+    process_group: Any = None
+    pg_id: Any = None
+
+
+_json_dump = msgspec.json.Decoder(_JsonDump)
+_entry_group = msgspec.json.Decoder(_EntryGroup)
+
+
+def _decode(data: bytes, keep_per_group: int = KEEP_PER_GROUP) -> tuple[dict[str, Any], str]:
     if data[:1] == b"\x80":
         raw: Any = safe_pickle.loads(data)
         fmt = "pickle"
     else:
+        fmt = "json"
         try:
-            raw = msgspec.json.decode(data)  # untyped, in C: 3x json.loads on a 1 MB dump
+            raw = _decode_json_tail(data, keep_per_group)
+        except msgspec.ValidationError:  # an odd shape: the whole file, untyped, for normalise to judge
+            raw = None
         except (msgspec.DecodeError, ValueError, RecursionError) as exc:
             raise EvidenceError(f"not a readable JSON dump ({str(exc)[:80]})") from None
-        fmt = "json"
+        if raw is None:
+            try:
+                raw = msgspec.json.decode(data)
+            except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+                raise EvidenceError(f"not a readable JSON dump ({str(exc)[:80]})") from None
     if not isinstance(raw, dict):
         raise EvidenceError("not a Flight Recorder dump (no dict at the top)")
     return raw, fmt
+
+
+def _decode_json_tail(data: bytes, keep: int) -> dict[str, Any] | None:
+    """A JSON dump with only each group's last *keep* entries decoded; ``_entries_total`` says
+    how many it held."""
+    top = _json_dump.decode(data)
+    if len(top.entries) > MAX_ENTRIES:
+        raise EvidenceError(f"{len(top.entries)} entries, over the cap of {MAX_ENTRIES}")
+
+    def group_of(chunk: msgspec.Raw) -> Any:
+        try:
+            return _group_key(_entry_group.decode(chunk))
+        except msgspec.ValidationError:
+            return _NOT_AN_ENTRY
+
+    kept = [msgspec.json.decode(c) for c in _last_per_group(top.entries, keep, group_of, top.pg_config)]
+    raw = {f: getattr(top, f) for f in top.__struct_fields__ if f != "entries"}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    return {**raw, "entries": kept, "_entries_total": len(top.entries)}
+
+
+_NOT_AN_ENTRY = object()
+
+
+def _dict_group(entry: Any) -> Any:
+    if not isinstance(entry, dict):
+        return _NOT_AN_ENTRY
+    return _group_key(_EntryGroup(process_group=entry.get("process_group"), pg_id=entry.get("pg_id")))
+
+
+def _last_per_group(entries: list[T], keep: int, group_of: Callable[[T], Any], config: Any) -> list[T]:
+    """The last *keep* entries of every group, in record order. Walks back from the newest
+    and stops once every group of *config* (pg_config) has its share, so the cost follows
+    *keep*, not the ring buffer's size."""
+    wanted = {_pg_name(k) for k in config} if isinstance(config, dict) else set()
+    counts: dict[Any, int] = {}
+    full: set[str] = set()
+    out: list[T] = []
+    for entry in reversed(entries):
+        if wanted and full >= wanted:
+            break
+        key = group_of(entry)
+        if key is _NOT_AN_ENTRY:
+            continue
+        seen = counts.get(key, 0)
+        if seen < keep:
+            counts[key] = seen + 1
+            out.append(entry)
+            if seen + 1 == keep:
+                full.add(_pg_name(key))
+    out.reverse()
+    return out
+
+
+def _group_key(entry: _EntryGroup) -> Any:
+    group = entry.process_group
+    key = group[0] if isinstance(group, list | tuple) and group else entry.pg_id
+    return key if isinstance(key, str | int) else repr(key)[:64]
 
 
 def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
@@ -83,7 +176,9 @@ def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
     if len(entries_raw) > MAX_ENTRIES:
         raise EvidenceError(f"{len(entries_raw)} entries, over the cap of {MAX_ENTRIES}")
     warnings: list[str] = []
-    kept = _last_per_group(entries_raw, keep_per_group)
+    total = raw.get("_entries_total")
+    total = total if isinstance(total, int) else len(entries_raw)
+    kept = _last_per_group(entries_raw, keep_per_group, _dict_group, raw.get("pg_config"))
     entries = [op for op in (_op(e, warnings) for e in kept) if op is not None]
     groups = _groups(raw.get("pg_config"))
     progress = {_pg_name(k): FrProgress(last_enqueued=_int(v.get("last_enqueued_collective")),
@@ -97,7 +192,7 @@ def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
                     comm_lib_version=str(raw.get("comm_lib_version") or raw.get("nccl_version") or ""),
                     backend=sorted(backends)[0] if len(backends) == 1 else ",".join(sorted(backends)),
                     groups=groups, progress=progress, entries=entries,
-                    dump_time=_dump_time(max(times, default=0.0), mtime), entries_total=len(entries_raw),
+                    dump_time=_dump_time(max(times, default=0.0), mtime), entries_total=total,
                     warnings=warnings)
 
 
@@ -110,24 +205,6 @@ def _dump_time(newest: float, mtime: float) -> float:
     if not newest:
         return mtime
     return mtime if newest <= mtime <= newest + MTIME_TRUSTED_S else newest
-
-
-def _last_per_group(entries: list[Any], keep: int) -> list[dict[str, Any]]:
-    """The last *keep* entries of every group, in record order (one cheap pass from the end)."""
-    counts: dict[Any, int] = {}
-    out: list[dict[str, Any]] = []
-    for entry in reversed(entries):
-        if not isinstance(entry, dict):
-            continue
-        group = entry.get("process_group")
-        key = group[0] if isinstance(group, list | tuple) and group else entry.get("pg_id")
-        key = key if isinstance(key, str | int) else repr(key)[:64]
-        seen = counts.get(key, 0)
-        if seen < keep:
-            counts[key] = seen + 1
-            out.append(entry)
-    out.reverse()
-    return out
 
 
 def _identity(path: str, raw: dict[str, Any]) -> tuple[int, str]:
