@@ -33,9 +33,11 @@ Shape = Annotated[list[int], msgspec.Meta(max_length=MAX_DIMS)]
 
 # Commands a viewer may send to a rank. A fixed, read-only set: nothing a viewer sends
 # can change the training process.
-Command = Literal["state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe"]
+# "news" is the node agents' exchange: only how ranks ended and where they are stuck, plus a
+# beat of the agent itself (see ddptop.agent.exchange).
+Command = Literal["state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe", "news"]
 COMMANDS: frozenset[str] = frozenset(
-    ("state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe")
+    ("state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe", "news")
 )
 
 
@@ -441,6 +443,17 @@ class AgentReply(msgspec.Struct, gc=False, tag="agent_reply", kw_only=True):
     id: int = 0
 
 
+class AgentBeat(msgspec.Struct, gc=False, tag="agent_beat", kw_only=True):
+    """A node agent's beat to the other agents of its job ("news"): it lives, which ranks it
+    serves; ``ending`` when it closes because its part of the job ended (not a lost node)."""
+
+    time: float
+    host: str
+    ranks: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    steps: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []  # each rank's last step, as ranks
+    ending: bool = False
+
+
 Message = (
     Hello
     | AuthProof
@@ -455,4 +468,5 @@ Message = (
     | ConnectionEvent
     | RankExit
     | AgentReply
+    | AgentBeat
 )

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def main() -> None:
-    rank, world, device = setup()
+    pg_timeout = os.environ.get("PROBE_PG_TIMEOUT")  # a collective waits this long for a vanished peer
+    rank, world, device = setup(timeout_s=float(pg_timeout) if pg_timeout else None)
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(2048, 32), torch.randint(0, 10, (2048,)))
     sampler = DistributedSampler(data, seed=0)

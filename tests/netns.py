@@ -1,4 +1,8 @@
-"""Two hosts on one machine: Linux network namespaces joined by a veth pair.
+"""Hosts on one machine: Linux network namespaces joined by veth pairs.
+
+Two hosts are joined by one veth pair; three or more (:func:`hosts`) by a veth pair each
+to a bridge in a switch namespace of their own, so nothing is added to the machine's own
+network and deleting the namespaces deletes everything.
 
 Each simulated host has its own network stack (an address in 192.0.2.0/24, TEST-NET-1, and
 its own loopback) and, through ``unshare --uts``, its own hostname that no other host can
@@ -101,6 +105,39 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
         yield hosts
     finally:
         for name in created:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
+
+
+@contextmanager
+def hosts(count: int) -> Iterator[list[Host]]:
+    """Hosts ``.1`` .. ``.count`` of 192.0.2.0/24 on one switch; all deleted on exit."""
+    tag = uuid.uuid4().hex[:6]
+    switch = f"ddpt-{tag}-sw"
+    made = [Host(f"ddpt-{tag}-{i}", f"vd{tag}{i}", f"{SUBNET}.{i + 1}", f"host-{chr(97 + i)}-{tag}")
+            for i in range(count)]
+    created: list[str] = []
+    try:
+        _ip("netns", "add", switch)
+        created.append(switch)
+        _ip("netns", "exec", switch, "ip", "link", "add", "br0", "type", "bridge")
+        _ip("netns", "exec", switch, "ip", "link", "set", "br0", "up")
+        for i, host in enumerate(made):
+            _ip("netns", "add", host.netns)
+            created.append(host.netns)
+            # Both ends are made inside the switch namespace (nothing ever sits in the machine's
+            # own), then one end moves to the host.
+            port = f"sw{tag}{i}"
+            _ip("netns", "exec", switch, "ip", "link", "add", host.ifname, "type", "veth",
+                "peer", "name", port)
+            _ip("netns", "exec", switch, "ip", "link", "set", port, "master", "br0")
+            _ip("netns", "exec", switch, "ip", "link", "set", port, "up")
+            _ip("netns", "exec", switch, "ip", "link", "set", host.ifname, "netns", host.netns)
+            _ip("netns", "exec", host.netns, "ip", "addr", "add", f"{host.address}/24", "dev", host.ifname)
+            _ip("netns", "exec", host.netns, "ip", "link", "set", host.ifname, "up")
+            _ip("netns", "exec", host.netns, "ip", "link", "set", "lo", "up")
+        yield made
+    finally:
+        for name in reversed(created):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
 
 

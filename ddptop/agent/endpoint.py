@@ -13,6 +13,8 @@ are the ranks' own. Requests get an :class:`~ddptop.protocol.AgentReply`:
 * ``history`` (and ``state``): the catch-up, everything the agent knows about each rank
   now (history, last state, stuck report, connection, exit);
 * ``subscribe``: from then on every event, as it arrives;
+* ``news`` (the other node agents of the job, :mod:`ddptop.agent.exchange`): the ranks'
+  endings and stuck reports so far, then each new one, and the agent's beat;
 * ``stacks`` / ``fr_trace``: asked of every local rank at once, on a worker thread (the
   loop never waits for a rank), answered when the slowest one answered or timed out.
 
@@ -27,17 +29,28 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ddptop.protocol import AgentReply, ConnectionEvent, ErrorMsg, Message, RankExit, RecordEntry, Request
+from ddptop.protocol import (
+    AgentBeat,
+    AgentReply,
+    ConnectionEvent,
+    ErrorMsg,
+    Message,
+    RankExit,
+    RecordEntry,
+    Request,
+)
 from ddptop.reporter.server import ReporterServer, Respond, ServerLoop
 
 log = logging.getLogger(__name__)
 
 Entry = RecordEntry | ConnectionEvent | RankExit
+Published = Entry | AgentBeat
 CatchUp = Callable[[], list[Entry]]
 Ask = Callable[[str, float], list[Entry]]
 
 MAX_QUEUED = 50_000  # events waiting for the loop thread; beyond it the oldest are dropped
 SLOW_WORKERS = 2  # stacks / fr_trace requests asked of the ranks at once
+FLUSH_AT_CLOSE_S = 1.0
 ASK_TIMEOUT_S = 4.0  # under a viewer's 5 s: the agent answers before the viewer gives up
 # An agent forwards every rank of its host: more room per viewer than one rank's server.
 MAX_VIEWER_OUTPUT = 32 * 1024 * 1024
@@ -47,9 +60,11 @@ class NodeEndpoint:
     """Serves one job's local ranks to viewers until :meth:`close`."""
 
     def __init__(self, bind: str, port: int, token: str | None, job_id: str,
-                 catch_up: CatchUp, ask: Ask, clock: Callable[[], float] = time.time) -> None:
+                 catch_up: CatchUp, ask: Ask, clock: Callable[[], float] = time.time,
+                 news_catch_up: CatchUp | None = None) -> None:
         self._clock = clock  # the agent's wall clock, which need not be the viewer's
         self._catch_up = catch_up
+        self._news_catch_up = news_catch_up
         self._ask = ask
         self._loop = ServerLoop(wakeable=True)
         try:
@@ -61,20 +76,21 @@ class NodeEndpoint:
         self.port = self.server.port
         self.dropped = 0  # events not forwarded: the loop thread fell this far behind
         self._lock = threading.Lock()
-        self._events: deque[Entry] = deque()
+        self._events: deque[tuple[Published, bool]] = deque()
         self._answers: deque[tuple[Respond, Message]] = deque()
         self._slow = threading.BoundedSemaphore(SLOW_WORKERS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddptop-endpoint", daemon=True)
         self._thread.start()
 
-    def publish(self, event: Entry) -> None:
-        """Forward *event* to every subscribed viewer (any thread; never blocks)."""
+    def publish(self, event: Published, news: bool = False) -> None:
+        """Forward *event* to every subscribed viewer, and with *news* to the other agents
+        (any thread; never blocks)."""
         with self._lock:
             if len(self._events) >= MAX_QUEUED:
                 self._events.popleft()
                 self.dropped += 1
-            self._events.append(event)
+            self._events.append((event, news))
         self._loop.wake()
 
     def close(self) -> None:
@@ -83,8 +99,20 @@ class NodeEndpoint:
         self._loop.wake()
         self._thread.join(timeout=2.0)
         if not self._thread.is_alive():
+            self._drain(FLUSH_AT_CLOSE_S)
             self.server.close()
             self._loop.close()
+
+    def _drain(self, limit_s: float) -> None:
+        """Send what is queued (the agent's closing beat, its ranks' last exits) before the
+        sockets close: bounded, a viewer that does not read is not waited for."""
+        with self._lock:
+            events, self._events = self._events, deque()
+        for event, news in events:
+            self.server.broadcast(event, news=news)
+        deadline = time.monotonic() + limit_s
+        while self.server.queued_bytes and time.monotonic() < deadline:
+            self._loop.poll(0.02)
 
     # ------------------------------------------------------------ the loop thread
 
@@ -95,8 +123,8 @@ class NodeEndpoint:
                 with self._lock:
                     events, self._events = self._events, deque()
                     answers, self._answers = self._answers, deque()
-                for event in events:
-                    self.server.broadcast(event)
+                for event, news in events:
+                    self.server.broadcast(event, news=news)
                 for respond, reply in answers:
                     respond(reply)
             except Exception as exc:  # a viewer must never take the agent down
@@ -106,7 +134,12 @@ class NodeEndpoint:
     def _handle(self, request: Request) -> Message:
         # On the loop thread: what the agent already knows, at once (to subscribe, the
         # stream that follows is the answer).
-        entries = self._catch_up() if request.command in ("history", "state") else []
+        if request.command in ("history", "state"):
+            entries = self._catch_up()
+        elif request.command == "news" and self._news_catch_up is not None:
+            entries = self._news_catch_up()
+        else:
+            entries = []
         return AgentReply(time=self._clock(), entries=entries, id=request.id)
 
     def _defer(self, request: Request, respond: Respond) -> bool:

@@ -61,6 +61,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     record_errors: int = 0  # writes of the recording that failed (disk full...): what is there is whole
     record_note: str = ""  # why there is no recording, or the first write error
     metrics_url: str = ""  # where the agent serves Prometheus metrics while the job runs
+    exchange: str = ""  # with which other node agents news was exchanged, who was lost, what was impossible
 
     @property
     def ended(self) -> bool:

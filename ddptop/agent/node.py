@@ -13,7 +13,10 @@
   viewers on this host, and in the black box;
 * keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current, so ``ddptop jobs``,
   ``doctor``, ``replay`` and ``export`` work on the job after it is gone;
-* serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`).
+* serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`);
+* exchanges news with the job's other node agents (:mod:`ddptop.agent.exchange`): how each
+  rank ended, where a silent one is stuck; what they tell goes into this node's black box,
+  so the record on any surviving node tells the whole job's ending.
 
 Nothing here runs inside a rank: the cost of recording is the agent's, never training's.
 """
@@ -31,6 +34,7 @@ import msgspec
 
 from ddptop import __version__, auth, discovery, remains
 from ddptop.agent import jobrecord
+from ddptop.agent.exchange import BEAT_S, Exchange, news_stacks, news_state
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.jobrecord import JobRecord, RankOutcome
 from ddptop.agent.oom import MemoryWatch
@@ -43,6 +47,7 @@ from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
 from ddptop.protocol import (
+    AgentBeat,
     ConnectionEvent,
     ErrorMsg,
     HistoryMsg,
@@ -63,9 +68,12 @@ if TYPE_CHECKING:  # prometheus_client is imported only by a launch that serves 
     from ddptop.agent.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)
+MAX_ENVIRON = 1 << 20
 
 SCAN_S = 0.2  # how often the runtime directory is looked at for new ranks
 RECORD_EVERY_S = 2.0  # job.json rewrite cadence while nothing ends
+SETTLE_S = 10.0  # at the end, how long the other agents may still tell how their ranks ended
+MAX_NEWS_KEPT = 512  # this node's news kept for agents that connect late (endings, stuck reports)
 
 
 class NodeAgent:
@@ -92,6 +100,10 @@ class NodeAgent:
         self.recording: JobRecording | None = None
         self._metrics: MetricsServer | None = None
         self._endpoint: NodeEndpoint | None = None
+        self._exchange: Exchange | None = None
+        self._token: str | None = None
+        self._news: list[Entry] = []  # this node's endings and stuck reports (guarded by self._lock)
+        self._beat_at = 0.0
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
@@ -136,7 +148,9 @@ class NodeAgent:
         :mod:`ddptop.agent.endpoint`) until :meth:`finish`; the port (OSError if unbindable)."""
         from ddptop.agent.endpoint import NodeEndpoint
 
-        self._endpoint = NodeEndpoint(bind, port, token, self.job_id, self._catch_up, self._ask)
+        self._endpoint = NodeEndpoint(bind, port, token, self.job_id, self._catch_up, self._ask,
+                                      news_catch_up=self._news_catch_up)
+        self._token = token
         return self._endpoint.port
 
     def metrics_view(self, now: float) -> AgentView:
@@ -147,9 +161,10 @@ class NodeAgent:
             snapshot = self.model.snapshot(now)
             histories = self.model.histories()
             record_bytes = self.recording.bytes_on_disk if self.recording is not None else 0
-        # Ranks of other nodes are their own agents' to report: not "unreachable" here.
-        snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items()
-                                    if r in self.model.ranks}
+        # Ranks of other nodes are their own agents' to report (this model also holds what the
+        # exchange told of them): neither shown nor "unreachable" here.
+        snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items() if r in self._known}
+        snapshot.ranks = [s for s in snapshot.ranks if s.rank in self._known]
         return AgentView(job_id=self.job_id, host=self.host, version=__version__, snapshot=snapshot,
                          histories=histories, record_bytes=record_bytes)
 
@@ -175,6 +190,15 @@ class NodeAgent:
         self._scan()  # a rank that announced itself at the very end
         for gone in self._exits.poll(0):
             self._on_exit(gone)
+        if self._exchange is not None:
+            # The job ended here; the other nodes may still be telling how it ended there (or
+            # be found lost): bounded, and at once when every other rank's ending is known.
+            self._exchange.settle(SETTLE_S)
+            self._exchange.close()
+            self.record.exchange = self._exchange.summary()
+        if self._endpoint is not None:
+            self._endpoint.publish(AgentBeat(time=time.time(), host=self.host, ranks=sorted(self._known),
+                                             ending=True), news=True)
         self._live.stop()
         self._outside.close()
         self._exits.close()
@@ -215,6 +239,7 @@ class NodeAgent:
                         self.recording.flush_if_due()
                     except Exception as exc:
                         self._record_failed(exc)
+                self._beat()
                 if time.monotonic() - self._record_written >= RECORD_EVERY_S:
                     with self._lock:
                         self._write_record()
@@ -230,6 +255,7 @@ class NodeAgent:
                 continue
             self._known[endpoint.rank] = endpoint
             new.append(endpoint)
+            self._start_exchange(endpoint)
             with self._lock:
                 self._exits.watch(endpoint.rank, endpoint.pid)
                 self._memory.watch(endpoint.rank, endpoint.pid)
@@ -268,7 +294,7 @@ class NodeAgent:
         """Everything known about each local rank now: what a viewer that connects gets first."""
         entries: list[Entry] = []
         with self._lock:
-            for rank in sorted(self.model.ranks):
+            for rank in sorted(r for r in self.model.ranks if r in self._known):
                 view = self.model.ranks[rank]
                 at = view.received_at or time.time()
                 if view.history:
@@ -287,7 +313,8 @@ class NodeAgent:
         cannot answer gets where it is stuck (read from outside), else why not."""
         now = time.time()
         with self._lock:
-            running = [r for r, view in self.model.ranks.items() if view.ending() is None]
+            running = [r for r, view in self.model.ranks.items()
+                       if view.ending() is None and r in self._known]
         if command == "fr_trace":
             traces = self._live.request_fr_traces(running, timeout)
             return [RecordEntry(time=now, rank=r, message=m) for r, m in sorted(traces.items())]
@@ -338,8 +365,10 @@ class NodeAgent:
             except OSError as exc:
                 log.warning("ddptop agent: cannot write rank %d's stuck report: %s", report.rank, exc)
         main = ThreadStack(thread_id=report.pid, name="MainThread", frames=report.frames, is_main=True)
-        self._event(RecordEntry(time=report.time, rank=report.rank, message=StacksMsg(
-            rank=report.rank, time=report.time, threads=[main], source=report.source, stuck=report)))
+        stacks = StacksMsg(rank=report.rank, time=report.time, threads=[main], source=report.source,
+                           stuck=report)
+        self._event(RecordEntry(time=report.time, rank=report.rank, message=stacks))
+        self._tell(RecordEntry(time=report.time, rank=report.rank, message=news_stacks(stacks)))
 
     def _record_failed(self, exc: Exception) -> None:
         with self._lock:
@@ -364,8 +393,65 @@ class NodeAgent:
                               memory_limit_bytes=oom.limit_bytes, memory_peak_bytes=oom.peak_bytes)
         self._event(exit_event)
         with self._lock:
+            view = self.model.ranks.get(gone.key)
+            last = view.state if view is not None else None
             self._update_outcomes(gone, state)
             self._write_record()
+        if last is not None:  # its last word, or its last sample: the step it died at
+            self._tell(RecordEntry(time=last.time, rank=gone.key, message=StateMsg(state=news_state(last))))
+        self._tell(exit_event)
+
+    # ------------------------------------------------------------ the exchange
+
+    def _start_exchange(self, endpoint: Endpoint) -> None:
+        """With the first local rank of a multi-node job: find the other agents in its store."""
+        if self._exchange is not None or self._endpoint is None or endpoint.agent_port != self._endpoint.port:
+            return
+        env = _environ(endpoint.pid)
+        addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+        local, world = env.get("LOCAL_WORLD_SIZE", ""), env.get("WORLD_SIZE", "")
+        if not addr or not port.isdigit() or (local and local == world):
+            return  # not torchrun's, or one node: nobody to exchange with
+        own = endpoint.via_agent
+        assert own is not None
+        self._exchange = Exchange(self.job_id, self._token, self._remote, own)
+        self._exchange.start((addr, int(port)))
+
+    def _tell(self, entry: Entry) -> None:
+        """Send one of this node's endings or stuck reports to the other agents."""
+        with self._lock:
+            self._news.append(entry)
+            del self._news[:-MAX_NEWS_KEPT]
+        if self._endpoint is not None:
+            self._endpoint.publish(entry, news=True)
+
+    def _news_catch_up(self) -> list[Entry]:
+        with self._lock:
+            return list(self._news)
+
+    def _beat(self) -> None:
+        if self._endpoint is None or time.monotonic() - self._beat_at < BEAT_S:
+            return
+        self._beat_at = time.monotonic()
+        ranks = sorted(self._known)
+        with self._lock:
+            views = [self.model.ranks.get(r) for r in ranks]
+        steps = [v.state.step if v is not None and v.state is not None else 0 for v in views]
+        beat = AgentBeat(time=time.time(), host=self.host, ranks=ranks, steps=steps)
+        self._endpoint.publish(beat, news=True)
+
+    def _remote(self, event: Frame) -> None:
+        """What another node's agent told (its ranks' endings, stuck reports, a lost node):
+        into the black box and the model, never to this node's viewers (they ask that agent)."""
+        if self.recording is not None:
+            try:
+                self.recording.write(event)
+            except Exception as exc:
+                self._record_failed(exc)
+        if isinstance(event, RecordEntry | RankExit):
+            with self._lock:
+                self.model.apply(event)
+                self.record.world_size = max(self.record.world_size, self.model.world_size)
 
     def _record_crash_file(self, rank: int) -> None:
         path = discovery.record_path(self.job_id, rank, "crash")
@@ -383,6 +469,8 @@ class NodeAgent:
                 outcome.status = statuses[outcome.rank]
 
     def _write_record(self) -> None:
+        if self._exchange is not None:
+            self.record.exchange = self._exchange.summary()
         if self.recording is not None:
             self.record.record_bytes = self.recording.bytes_on_disk
         try:
@@ -393,3 +481,14 @@ class NodeAgent:
             self._record_warned = True
         self._record_written = time.monotonic()
 
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """A local rank's environment, read from /proc (read only: the rank is not touched)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            data = fh.read(MAX_ENVIRON)
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in data.split(b"\0") if b"=" in item)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}

@@ -17,7 +17,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddptop.client import agents
 from ddptop.client.collect import end_after_close, ended_before, stuck_stacks
@@ -28,6 +28,7 @@ from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.protocol import (
+    AgentBeat,
     AgentReply,
     AuthResult,
     ConnectionEvent,
@@ -57,8 +58,13 @@ class LiveSource(LiveRequests):
     live = True
 
     def __init__(self, target: JobTarget, token: str | None = None,
-                 connect_timeout: float = 5.0, read_remains: bool = True, read_stuck: bool = True) -> None:
+                 connect_timeout: float = 5.0, read_remains: bool = True, read_stuck: bool = True,
+                 news: bool = False) -> None:
         self.target = target
+        # The node agents' exchange (ddptop.agent.exchange): ask other agents for "news" only,
+        # and hand their beats and refusals to on_agent.
+        self._news = news
+        self.on_agent: Callable[[Endpoint, AgentBeat | ErrorMsg], None] | None = None
         # A viewer reads a dead rank's last words from the runtime directory; the node agent
         # reads them itself (with more: exit status, workers' crashes) and says no.
         self._read_remains = read_remains
@@ -80,7 +86,8 @@ class LiveSource(LiveRequests):
         # A set, not a scan of every peer per wake-up: at 4096 ranks that scan was ~40 %
         # of the ingest CPU.
         self._queued: set[int] = set()
-        self._to_connect: list[Endpoint] = []  # added after start, connected by the thread
+        # added after start, connected by the thread: (endpoint, ranks a node agent serves)
+        self._to_connect: list[tuple[Endpoint, tuple[int, ...]]] = []
         # Ranks whose socket closed, waiting (bounded) for their last words: rank -> (peer, why, since)
         self._closing: dict[int, tuple[Peer, str, float]] = {}
         self._next_id = 0
@@ -111,7 +118,14 @@ class LiveSource(LiveRequests):
         """Connect to ranks that appeared after :meth:`start` (thread-safe; the node agent
         starts before any rank exists)."""
         with self._lock:
-            self._to_connect.extend(endpoints)
+            self._to_connect.extend((e, ()) for e in endpoints)
+        self._wake()
+
+    def add_agent(self, agent: Endpoint, ranks: Sequence[int]) -> None:
+        """Connect to a node agent that serves *ranks* (thread-safe; again after it was lost)."""
+        with self._lock:
+            self._agent_peers = [p for p in self._agent_peers if p.endpoint != agent or p.sock is not None]
+            self._to_connect.append((agent, tuple(ranks)))
         self._wake()
 
     def stop(self) -> None:
@@ -150,8 +164,8 @@ class LiveSource(LiveRequests):
             if self._to_connect:
                 with self._lock:
                     new, self._to_connect = self._to_connect, []
-                for endpoint in new:
-                    self._connect(endpoint)
+                for endpoint, serves in new:
+                    self._connect(endpoint, serves)
             if self._queued:
                 with self._lock:
                     for rank in self._queued:
@@ -259,7 +273,11 @@ class LiveSource(LiveRequests):
         peer.heard_at = time.monotonic()
         ident = getattr(message, "id", 0)
         fut = peer.waiting.pop(ident, None) if ident else None
-        if isinstance(message, AgentReply):
+        if isinstance(message, AgentBeat | ErrorMsg) and self.on_agent is not None:
+            if isinstance(message, AgentBeat):
+                peer.shift = time.time() - message.time
+            self.on_agent(peer.endpoint, message)
+        elif isinstance(message, AgentReply):
             peer.shift = time.time() - message.time
             for entry in agents.reply_entries(message, time.time()):
                 self._deliver(entry)
@@ -270,6 +288,9 @@ class LiveSource(LiveRequests):
 
     def _ready(self, peer: Peer) -> None:
         peer.ready = True
+        if peer.serves and self._news:  # the catch-up of endings, then each new one
+            self._send(peer, Request(command="news", id=0))
+            return
         if peer.serves:  # subscribed first: nothing that happens after the catch-up is missed
             self._send(peer, Request(command="subscribe", id=0))
             self._send(peer, Request(command="history", id=0))

@@ -116,6 +116,21 @@ def _from_store(target: str, timeout_s: float) -> JobTarget:
     match = _HOST_PORT.match(target)
     assert match is not None
     host, port = match.group("host").strip("[]"), int(match.group("port"))
+    try:
+        world, endpoints = read_store(host, port, timeout_s)
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise TargetNotFound(f"no ddptop job published at {target}: {exc}") from None
+    if not endpoints:
+        raise TargetNotFound(f"no ddptop rank published at {target}")
+    return JobTarget(job_id=endpoints[0].job_id, world_size=world, endpoints=endpoints,
+                     via_agents=agents.via_agents(remote=True))
+
+
+def read_store(host: str, port: int, timeout_s: float) -> tuple[int, list[Endpoint]]:
+    """The world size and every endpoint published in the job's TCPStore at *host*:*port*
+    (UsageError without torch; the store's own exception if it cannot be read)."""
     # c10d's C++ warnings ("the hostname of the client socket cannot be retrieved", printed
     # wherever hostnames do not resolve) would break a viewer's one-line output; read once,
     # when torch is first imported. A user's own setting wins.
@@ -127,17 +142,10 @@ def _from_store(target: str, timeout_s: float) -> JobTarget:
             "reading a job's TCPStore (HOST:PORT) needs torch on this machine; "
             "name a job id on the rank's host instead"
         ) from None
-    try:
-        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
-        store.set_timeout(timedelta(seconds=timeout_s))
-        world = int(store.get(discovery.STORE_WORLD_KEY))
-        keys = [discovery.STORE_KEY_PREFIX + str(r) for r in range(world)]
-        found = [k for k in keys if store.check([k])]
-        endpoints = [Endpoint.from_json(store.get(k)) for k in found]
-    except Exception as exc:
-        raise TargetNotFound(f"no ddptop job published at {target}: {exc}") from None
-    if not endpoints:
-        raise TargetNotFound(f"no ddptop rank published at {target}")
-    return JobTarget(job_id=endpoints[0].job_id, world_size=world, endpoints=endpoints,
-                     via_agents=agents.via_agents(remote=True))
+    store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                     wait_for_workers=False)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    world = int(store.get(discovery.STORE_WORLD_KEY))
+    keys = [discovery.STORE_KEY_PREFIX + str(r) for r in range(world)]
+    found = [k for k in keys if store.check([k])]
+    return world, [Endpoint.from_json(store.get(k)) for k in found]

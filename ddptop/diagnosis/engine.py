@@ -30,6 +30,7 @@ RULES: tuple[Rule, ...] = (
     rules_wavefront.collective_wavefront,
     rules_collectives.collective_mismatch,
     rules_postmortem.collective_divergence,
+    rules_postmortem.node_lost,
     rules_postmortem.rank_lost,
     rules_unresponsive.rank_unresponsive,
     rules_progress.unequal_batches,

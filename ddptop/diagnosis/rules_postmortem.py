@@ -8,13 +8,18 @@ happened by time and name the first cause:
   its last collectives from a fresh Flight Recorder read; the first seq at which ranks ran
   different ops names the rank that diverged (the minority), with each side's op and step;
 * ``rank_lost``: the first rank that failed (how: exception, fatal signal, a DataLoader
-  worker's death, SIGKILL from outside, vanished), at which step, then a timeline of the
-  others: consequences, and ranks merely torn down by the launcher.
+  worker's death, SIGKILL from outside, vanished), at which step and on which host, then a
+  timeline of the others: consequences, and ranks merely torn down by the launcher. Where
+  the record holds only ranks that failed because a peer was gone and nothing of some other
+  ranks (another node's, the agents' exchange impossible), it says the cause is among those;
+* ``node_lost``: a host that vanished whole (its node agent and ranks unreachable, told by
+  the agents of the nodes that survived).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
 
 from ddptop.diagnosis.common import ACTIVE, ranks_text
@@ -184,9 +189,48 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
         evidence.append(f"rank {first.rank} was the first to go silent")
     if running:
         evidence.append(f"{ranks_text(running)} still running (they will hang in the next collective)")
+    unseen = sorted(r for r, why in snapshot.job.unreachable.items() if why == "never seen")
+    if unseen and PEER_GONE.search(first.exit_reason):
+        # Only victims here: the cause is on a node whose news never reached this record.
+        victims = [s.rank for s in order if PEER_GONE.search(s.exit_reason)]
+        title = (f"the first failure is not in this record: {ranks_text(victims)} failed because a peer was "
+                 f"gone ({cause_line(first.exit_reason, 120)}); nothing is known here of "
+                 f"{ranks_text(unseen)}, where the cause is")
+        evidence.append(f"{ranks_text(unseen)} never reported to this record: run `ddptop doctor` on "
+                        "their node, or let the node agents reach each other (`ddptop launch --bind`, "
+                        "one DDPTOP_TOKEN)")
+        return Finding(kind="rank_lost", severity="critical", ranks=unseen, title=title, evidence=evidence,
+                       remedy="read the record of the node that ran those ranks", step=step, since=t0)
+    hosts = {s.host for s in snapshot.ranks if s.host}
+    where = f" on {first.host}" if len(hosts) > 1 and first.host else ""
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
-                   title=f"{ranks_text([first.rank])} failed first, at step {step}: {_how(first)}",
+                   title=f"{ranks_text([first.rank])}{where} failed first, at step {step}: {_how(first)}",
                    evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+
+
+def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+              config: DiagnosisConfig) -> list[Finding]:
+    """Each host that vanished whole: its node agent and ranks unreachable, no exit seen."""
+    lost: dict[str, list[RankState]] = defaultdict(list)
+    for s in snapshot.ranks:
+        if s.exit_cause == "node_lost":
+            lost[s.host or "?"].append(s)
+    out: list[Finding] = []
+    for host, states in sorted(lost.items()):
+        ranks = sorted(s.rank for s in states)
+        since = min(s.exited_at or s.time for s in states)
+        steps = [f"rank {s.rank}: last seen at step {_last_step(s, histories)}" for s in states]
+        out.append(Finding(
+            kind="node_lost", severity="critical", ranks=ranks,
+            title=(f"host {host} was lost: its node agent and {ranks_text(ranks)} became unreachable at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(since))}, with no exit status or last words"),
+            evidence=[*steps, "told by the node agents that survived (their exchange lost that node's agent "
+                              "and could not reach it again)"],
+            remedy=("the whole node went away (power, kernel panic, a network partition, the scheduler "
+                    "taking the node): read that node's kernel log and the scheduler's; the ranks "
+                    "elsewhere failed because of it"),
+            since=since))
+    return out
 
 
 def cause_line(text: str, limit: int = 240) -> str:
@@ -221,6 +265,8 @@ def _how(s: RankState) -> str:
         return "killed (SIGKILL) from outside the job; the kernel names no OOM kill (scheduler, person?)"
     if sig in ("SIGTERM", "SIGINT", "SIGHUP") or s.status == Status.TERMINATED:
         return f"stopped by {sig or 'SIGTERM'} from outside the job"
+    if s.exit_cause == "node_lost":
+        return f"its host {s.host} vanished (node agent and ranks unreachable, no exit status or last words)"
     if s.status == Status.LOST:
         return "vanished without last words or an exit status (killed by SIGKILL from outside?)"
     if reason:

@@ -111,6 +111,7 @@ class Peer:
     authed: bool = False
     admitted: bool = False  # handshake complete: counted among viewers, not pending peers
     subscribed: bool = False
+    news: bool = False  # a node agent of the same job: only the exchange's events
     events: int = selectors.EVENT_READ  # what the selector watches for this socket
     last_request: float = 0.0  # monotonic
     last_drain: float = 0.0  # monotonic: output last emptied or made progress

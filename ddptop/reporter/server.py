@@ -26,6 +26,7 @@ from ddptop.errors import ProtocolError
 from ddptop.protocol import (
     COMMANDS,
     PROTOCOL_VERSION,
+    AgentBeat,
     AuthProof,
     AuthResult,
     ErrorMsg,
@@ -115,6 +116,11 @@ class ReporterServer:
         return self.counters.rejected_peers
 
     @property
+    def queued_bytes(self) -> int:
+        """Output queued for peers and not yet sent."""
+        return self._queued
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes this server holds for its peers: queued output plus partial input."""
         return self._queued + sum(c.inbuf.pending_bytes for c in self._clients)
@@ -132,14 +138,16 @@ class ReporterServer:
         """End a :meth:`poll` in progress (from any thread) if the loop is wakeable."""
         self._loop.wake()
 
-    def broadcast(self, message: Message) -> None:
-        """Queue *message* (encoded once) for every subscribed, authenticated viewer."""
-        if not any(c.subscribed for c in self._clients):
+    def broadcast(self, message: Message, news: bool = False) -> None:
+        """Queue *message* (encoded once) for every subscribed, authenticated viewer; with
+        *news*, also (or, for an agent's beat, only) for the peers that asked for "news"."""
+        only_news = isinstance(message, AgentBeat)
+        if not any((c.subscribed and not only_news) or (news and c.news) for c in self._clients):
             return
         frame = encode_frame(message)
         cap = self._max_output if self._max_output is not None else limits.MAX_CLIENT_OUTPUT
         for client in list(self._clients):
-            if client.subscribed and client.authed:
+            if ((client.subscribed and not only_news) or (news and client.news)) and client.authed:
                 if (len(client.out) + len(frame) > cap
                         or self._queued + len(frame) > limits.MAX_TOTAL_OUTPUT):
                     self.counters.dropped_frames += 1
@@ -205,7 +213,7 @@ class ReporterServer:
         if len(viewers) >= limits.MAX_CLIENTS:
             # Never lock a real viewer out: make room by closing the viewer that has been
             # quiet the longest, preferring one that is not subscribed and reading.
-            quietest = min(viewers, key=lambda c: (c.subscribed and not c.out, c.last_request))
+            quietest = min(viewers, key=lambda c: ((c.subscribed or c.news) and not c.out, c.last_request))
             self.counters.evicted_peers += 1
             self._drop(quietest, "evicted: too many viewers")
 
@@ -217,7 +225,7 @@ class ReporterServer:
                 reason = "handshake not completed in time"
             elif client.out and now - client.last_drain > limits.STALL_TIMEOUT_S:
                 reason = "not reading its output"
-            elif not client.subscribed and now - client.last_request > limits.IDLE_TIMEOUT_S:
+            elif not (client.subscribed or client.news) and now - client.last_request > limits.IDLE_TIMEOUT_S:
                 reason = "idle"
             if reason:
                 self.counters.timed_out_peers += 1
@@ -301,6 +309,8 @@ class ReporterServer:
             return
         if message.command == "subscribe":
             client.subscribed = True
+        elif message.command == "news" and self._role == "agent":
+            client.news = True
         elif message.command == "unsubscribe":
             client.subscribed = False
             return

@@ -1,0 +1,303 @@
+"""The node agents' exchange: every surviving node's record tells the whole job's ending.
+
+The agents of one job find each other in the job's TCPStore (every rank publishes its
+endpoint there, with the port of its node's agent) and each subscribes to every other
+agent's "news" (:mod:`ddptop.agent.endpoint`): how each of its ranks ended (the rank's last
+state, trimmed, then its exit), where a silent one is stuck, and a beat every
+:data:`BEAT_S`. What arrives goes into this node's black box as any local event does, so
+``ddptop doctor JOB`` on any node names the first failure and its host.
+
+A peer agent whose connection drops without its closing beat (``ending``) and that cannot be
+reached again for :data:`NODE_LOST_AFTER_S` is a lost node: each of its ranks without a
+known ending gets a ``RankExit`` with cause ``node_lost`` (the ``node_lost`` finding). Where
+the exchange is impossible (agents on loopback, an older agent without "news", a refused
+token, no store), :attr:`Exchange.notes` says so, and the record says what is unknown.
+
+Bounded: news is only endings and stuck reports (not the 1 Hz states), one connection per
+peer agent on the live source's one selector thread, the store read at most every
+:data:`DISCOVER_S` until every rank is known.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ddptop.client.agents import agent_endpoint
+from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING, TOKEN_REFUSED
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import JobTarget, read_store
+from ddptop.diagnosis.common import ranks_text
+from ddptop.discovery import Endpoint
+from ddptop.model.job import LOST
+from ddptop.protocol import (
+    AgentBeat,
+    CollectiveGroup,
+    ConnectionEvent,
+    ErrorMsg,
+    RankExit,
+    RankState,
+    RecordEntry,
+    StacksMsg,
+    StateMsg,
+)
+from ddptop.source import Event
+
+log = logging.getLogger(__name__)
+
+BEAT_S = 2.0  # an agent's beat to the others
+# A peer agent silent this long (no beat) is looked at as lost: a node that loses power or its
+# link closes no connection, its beats just stop.
+SILENT_AFTER_S = 4 * BEAT_S
+NODE_LOST_AFTER_S = 6.0  # lost (closed or silent), not back, no closing beat, this long: its node is lost
+RETRY_S = 2.0  # a lost peer agent is tried again this often
+DISCOVER_S = 1.0  # the store is read this often until every rank's endpoint is known
+STORE_TIMEOUT_S = 3.0
+MAX_REASON = 2000  # characters of a last word sent to the other agents
+MAX_FRAMES = 32  # frames of a stuck report sent to the other agents
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def news_state(state: RankState) -> RankState:
+    """*state* as the other agents get it: what a post-mortem reads (identity, progress,
+    how it ended, pending collectives, loaders, memory), without the bulk (recent ops, env)."""
+    groups = [CollectiveGroup(pg=g.pg, seq=g.seq, size=g.size, pending=g.pending[:4], ranks=g.ranks,
+                              last_completed=g.last_completed) for g in state.collectives[:16]]
+    return msgspec.structs.replace(state, collectives=groups, env={},
+                                   exit_reason=state.exit_reason[-MAX_REASON:],
+                                   worker_crashes=state.worker_crashes[:2], loader_worker_pids=[])
+
+
+def news_stacks(stacks: StacksMsg) -> StacksMsg:
+    """A stuck report as the other agents get it: its innermost frames only."""
+    threads = [msgspec.structs.replace(t, frames=t.frames[-MAX_FRAMES:]) for t in stacks.threads[:1]]
+    stuck = stacks.stuck
+    if stuck is not None:
+        stuck = msgspec.structs.replace(stuck, frames=stuck.frames[-MAX_FRAMES:])
+    return msgspec.structs.replace(stacks, threads=threads, stuck=stuck)
+
+
+@dataclass
+class PeerAgent:
+    """Another node agent of the job, as this one knows it."""
+
+    endpoint: Endpoint
+    node: str  # its hostname
+    ranks: list[int]
+    heard_at: float = 0.0  # wall clock of its last beat or news
+    ended: bool = False  # it said its part of the job ended
+    lost_since: float | None = None  # connection lost (wall clock), not yet back
+    retry_at: float = 0.0
+    declared_lost: bool = False
+    refused: str = ""  # why it cannot exchange with us
+    ranks_ended: set[int] = field(default_factory=set)
+    steps: dict[int, int] = field(default_factory=dict)  # each rank's last step, from the beats
+
+
+class Exchange:
+    """This agent's side of the exchange: subscribes to every other agent's news."""
+
+    def __init__(self, job_id: str, token: str | None, on_news: Callable[[Event], None],
+                 own_agent: tuple[str, int], clock: Callable[[], float] = time.time) -> None:
+        self.job_id = job_id
+        self._on_news = on_news
+        self._own = own_agent
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.peers: dict[tuple[str, int], PeerAgent] = {}  # guarded by _lock
+        self._rank_agent: dict[int, tuple[str, int]] = {}
+        self.world_size = 0
+        self.notes: list[str] = []  # what made the exchange impossible or partial
+        self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[], via_agents=True),
+                                token=token, read_remains=False, read_stuck=False, news=True)
+        self._live.on_agent = self._on_agent_message
+        self._store: tuple[str, int] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, store: tuple[str, int]) -> None:
+        """Find the other agents through the job's store at *store* and subscribe to them."""
+        self._store = store
+        self._live.start(self._event)
+        self._thread = threading.Thread(target=self._run, name="ddptop-exchange", daemon=True)
+        self._thread.start()
+
+    def note(self, text: str) -> None:
+        """Record why the exchange is impossible or partial (once per text)."""
+        with self._lock:
+            if text not in self.notes:
+                self.notes.append(text)
+                log.warning("ddptop agent: %s", text)
+
+    def settled(self) -> bool:
+        """Every peer agent said its part ended, or was declared lost, or all its ranks ended."""
+        with self._lock:
+            return all(p.ended or p.declared_lost or p.refused or set(p.ranks) <= p.ranks_ended
+                       for p in self.peers.values())
+
+    def settle(self, grace_s: float) -> None:
+        """Wait (bounded) until :meth:`settled`: the job ended here, the others may still tell how."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not self.settled():
+            self._stop.wait(0.1)
+
+    def close(self) -> None:
+        """Stop exchanging."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=STORE_TIMEOUT_S + 2.0)
+        self._live.stop()
+
+    def summary(self) -> str:
+        """One line for the job record: with whom news was exchanged, and what was impossible."""
+        with self._lock:
+            peers = list(self.peers.values())
+            notes = list(self.notes)
+        if not peers and not notes:
+            return ""
+        lost = [p.node or p.endpoint.host for p in peers if p.declared_lost]
+        heard = sum(1 for p in peers if p.heard_at)
+        text = f"exchanged news with {heard} of {len(peers)} other node agent(s)"
+        if lost:
+            text += f"; lost: {', '.join(lost)}"
+        return "; ".join([text, *notes])
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        next_discover = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_discover and not self._all_known():
+                self._discover()
+                next_discover = time.monotonic() + DISCOVER_S
+            self._check_lost()
+            self._stop.wait(0.2)
+
+    def _all_known(self) -> bool:
+        return bool(self.world_size) and len(self._rank_agent) >= self.world_size
+
+    def _discover(self) -> None:
+        assert self._store is not None
+        try:
+            world, endpoints = read_store(self._store[0], self._store[1], STORE_TIMEOUT_S)
+        except Exception as exc:  # the store is gone (the job ended) or unreachable
+            log.debug("ddptop exchange: store %s:%d: %s", *self._store, exc)
+            return
+        self.world_size = max(self.world_size, world)
+        by_agent: dict[tuple[str, int], list[Endpoint]] = {}
+        for endpoint in endpoints:
+            if endpoint.job_id != self.job_id or endpoint.via_agent is None:
+                continue
+            self._rank_agent[endpoint.rank] = endpoint.via_agent
+            by_agent.setdefault(endpoint.via_agent, []).append(endpoint)
+        unserved = [e.rank for e in endpoints if e.via_agent is None]
+        if unserved:
+            self.note(f"rank(s) {_span(unserved)} have no node agent (not started by `ddptop launch`)")
+        for where, served in by_agent.items():
+            if where == self._own:
+                continue
+            ranks = sorted(e.rank for e in served)
+            if where[0].startswith(LOOPBACK):
+                self.note(f"the node agent of rank(s) {_span(ranks)} serves on loopback only "
+                          "(`ddptop launch --bind`): its news cannot reach this node")
+                continue
+            with self._lock:
+                known = self.peers.get(where)
+                if known is not None and known.ranks == ranks:
+                    continue
+                self.peers[where] = PeerAgent(endpoint=agent_endpoint(served[0]), node=served[0].node,
+                                              ranks=ranks)
+            self._live.add_agent(agent_endpoint(served[0]), ranks)
+
+    def _check_lost(self) -> None:
+        now = self._clock()
+        declare: list[PeerAgent] = []
+        retry: list[PeerAgent] = []
+        with self._lock:
+            for peer in self.peers.values():
+                if peer.ended or peer.declared_lost or peer.refused:
+                    continue
+                if peer.lost_since is None and peer.heard_at and now - peer.heard_at >= SILENT_AFTER_S:
+                    peer.lost_since = peer.heard_at  # its beats stopped: gone since it last spoke
+                    peer.retry_at = now
+                if peer.lost_since is None:
+                    continue
+                if now - peer.lost_since >= NODE_LOST_AFTER_S:
+                    peer.declared_lost = True
+                    declare.append(peer)
+                elif now >= peer.retry_at:
+                    peer.retry_at = now + RETRY_S
+                    retry.append(peer)
+        for peer in retry:
+            self._live.add_agent(peer.endpoint, peer.ranks)
+        for peer in declare:
+            self._declare_lost(peer)
+
+    def _declare_lost(self, peer: PeerAgent) -> None:
+        """Its node vanished: every rank of it without a known ending is lost with it."""
+        assert peer.lost_since is not None
+        for rank in peer.ranks:
+            if rank in peer.ranks_ended:
+                continue
+            if rank in peer.steps:  # the step it was last seen at, as its agent's last beat said
+                state = RankState(rank=rank, local_rank=-1, world_size=self.world_size, host=peer.node,
+                                  pid=0, job_id=self.job_id, time=peer.lost_since, step=peer.steps[rank])
+                self._on_news(RecordEntry(time=peer.lost_since, rank=rank, message=StateMsg(state=state)))
+            self._on_news(RankExit(time=peer.lost_since, rank=rank, pid=0,
+                                   host=peer.node or peer.endpoint.host, cause="node_lost"))
+        log.warning("ddptop agent: node %s (%s) lost: its agent and ranks %s unreachable for %.0f s",
+                    peer.node, peer.endpoint.host, _span(peer.ranks), NODE_LOST_AFTER_S)
+
+    # ------------------------------------------------------------ the live source's thread
+
+    def _peer_of_rank(self, rank: int) -> PeerAgent | None:
+        where = self._rank_agent.get(rank)
+        return self.peers.get(where) if where is not None else None
+
+    def _event(self, event: Event) -> None:
+        with self._lock:
+            peer = self._peer_of_rank(event.rank)
+            if peer is None:
+                return
+            if isinstance(event, ConnectionEvent):
+                if event.status == LOST and any(w in event.reason for w in (TOKEN_MISSING, TOKEN_REFUSED,
+                                                                            NOT_THE_RANK)):
+                    peer.refused = event.reason  # alive, but not ours to hear: no lost node
+                elif event.status == LOST and peer.lost_since is None and not peer.ended:
+                    peer.lost_since = self._clock()
+                    peer.retry_at = peer.lost_since + RETRY_S
+                return  # the agent's connection, not the rank's: never recorded as the rank's loss
+            peer.heard_at = self._clock()
+            peer.lost_since = None
+            if isinstance(event, RankExit):
+                peer.ranks_ended.add(event.rank)
+        if isinstance(event, RecordEntry | RankExit):
+            self._on_news(event)
+
+    def _on_agent_message(self, agent: Endpoint, message: AgentBeat | ErrorMsg) -> None:
+        with self._lock:
+            peer = self.peers.get((agent.host, agent.port))
+            if peer is None:
+                return
+            if isinstance(message, ErrorMsg):
+                peer.refused = message.reason
+            else:
+                peer.heard_at = self._clock()
+                peer.lost_since = None
+                peer.ended = peer.ended or message.ending
+                peer.steps.update(zip(message.ranks, message.steps, strict=False))
+        if isinstance(message, ErrorMsg):
+            self.note(f"the node agent of {peer.node or agent.host} cannot exchange news "
+                      f"(an older ddptop?): {message.reason}")
+
+
+def _span(ranks: list[int]) -> str:
+    return ranks_text(ranks)
