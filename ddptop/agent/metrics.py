@@ -56,6 +56,18 @@ class AgentView:
     histories: dict[int, list[Sample]]
     record_bytes: int
 
+    @staticmethod
+    def local(job_id: str, host: str, snapshot: JobSnapshot, histories: dict[int, list[Sample]],
+              record_bytes: int, local: set[int]) -> AgentView:
+        """The view of this node's ranks only: the others are their own agents' to report
+        (the agent's model also holds what the exchange told of them), not "unreachable" here."""
+        from ddptop import __version__
+
+        snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items() if r in local}
+        snapshot.ranks = [s for s in snapshot.ranks if s.rank in local]
+        return AgentView(job_id=job_id, host=host, version=__version__, snapshot=snapshot,
+                         histories=histories, record_bytes=record_bytes)
+
 
 def rank_families(snapshot: JobSnapshot, now: float) -> list[Metric]:
     """Per-rank and per-group gauges of *snapshot* at *now* (pure)."""

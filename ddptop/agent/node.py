@@ -14,9 +14,8 @@
 * keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current, so ``ddptop jobs``,
   ``doctor``, ``replay`` and ``export`` work on the job after it is gone;
 * serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`);
-* exchanges news with the job's other node agents (:mod:`ddptop.agent.exchange`): how each
-  rank ended, where a silent one is stuck; what they tell goes into this node's black box,
-  so the record on any surviving node tells the whole job's ending.
+* exchanges news with the job's other node agents (:mod:`ddptop.agent.news`): what they tell
+  goes into this black box too, so any surviving node's record tells the whole job's ending.
 
 Nothing here runs inside a rank: the cost of recording is the agent's, never training's.
 """
@@ -34,9 +33,11 @@ import msgspec
 
 from ddptop import __version__, auth, discovery, remains
 from ddptop.agent import jobrecord
-from ddptop.agent.exchange import BEAT_S, Exchange, news_stacks, news_state
+from ddptop.agent.endpoint import Entry, ask_ranks, model_catch_up
+from ddptop.agent.exchange import news_stacks, news_state
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.jobrecord import JobRecord, RankOutcome
+from ddptop.agent.news import NodeNews
 from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
@@ -47,10 +48,7 @@ from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
 from ddptop.protocol import (
-    AgentBeat,
     ConnectionEvent,
-    ErrorMsg,
-    HistoryMsg,
     RankExit,
     RankState,
     RecordEntry,
@@ -63,17 +61,14 @@ from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
 from ddptop.status import FINAL
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a launch that serves metrics
-    from ddptop.agent.endpoint import Entry, NodeEndpoint
+    from ddptop.agent.endpoint import NodeEndpoint
     from ddptop.agent.metrics import AgentView
     from ddptop.agent.metrics_http import MetricsServer
 
 log = logging.getLogger(__name__)
-MAX_ENVIRON = 1 << 20
 
 SCAN_S = 0.2  # how often the runtime directory is looked at for new ranks
 RECORD_EVERY_S = 2.0  # job.json rewrite cadence while nothing ends
-SETTLE_S = 10.0  # at the end, how long the other agents may still tell how their ranks ended
-MAX_NEWS_KEPT = 512  # this node's news kept for agents that connect late (endings, stuck reports)
 
 
 class NodeAgent:
@@ -100,10 +95,7 @@ class NodeAgent:
         self.recording: JobRecording | None = None
         self._metrics: MetricsServer | None = None
         self._endpoint: NodeEndpoint | None = None
-        self._exchange: Exchange | None = None
-        self._token: str | None = None
-        self._news: list[Entry] = []  # this node's endings and stuck reports (guarded by self._lock)
-        self._beat_at = 0.0
+        self._news = NodeNews(job_id, self.host, self._remote)  # the exchange, once serving
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
@@ -149,8 +141,8 @@ class NodeAgent:
         from ddptop.agent.endpoint import NodeEndpoint
 
         self._endpoint = NodeEndpoint(bind, port, token, self.job_id, self._catch_up, self._ask,
-                                      news_catch_up=self._news_catch_up)
-        self._token = token
+                                      news_catch_up=self._news.catch_up)
+        self._news.serve(self._endpoint, token)
         return self._endpoint.port
 
     def metrics_view(self, now: float) -> AgentView:
@@ -161,12 +153,7 @@ class NodeAgent:
             snapshot = self.model.snapshot(now)
             histories = self.model.histories()
             record_bytes = self.recording.bytes_on_disk if self.recording is not None else 0
-        # Ranks of other nodes are their own agents' to report (this model also holds what the
-        # exchange told of them): neither shown nor "unreachable" here.
-        snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items() if r in self._known}
-        snapshot.ranks = [s for s in snapshot.ranks if s.rank in self._known]
-        return AgentView(job_id=self.job_id, host=self.host, version=__version__, snapshot=snapshot,
-                         histories=histories, record_bytes=record_bytes)
+        return AgentView.local(self.job_id, self.host, snapshot, histories, record_bytes, set(self._known))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -190,15 +177,9 @@ class NodeAgent:
         self._scan()  # a rank that announced itself at the very end
         for gone in self._exits.poll(0):
             self._on_exit(gone)
-        if self._exchange is not None:
-            # The job ended here; the other nodes may still be telling how it ended there (or
-            # be found lost): bounded, and at once when every other rank's ending is known.
-            self._exchange.settle(SETTLE_S)
-            self._exchange.close()
-            self.record.exchange = self._exchange.summary()
-        if self._endpoint is not None:
-            self._endpoint.publish(AgentBeat(time=time.time(), host=self.host, ranks=sorted(self._known),
-                                             ending=True), news=True)
+        # The job ended here; the other nodes may still be telling how it ended there (or be
+        # found lost): bounded, and at once when every other rank's ending is known.
+        self.record.exchange = self._news.finish(sorted(self._known))
         self._live.stop()
         self._outside.close()
         self._exits.close()
@@ -239,7 +220,7 @@ class NodeAgent:
                         self.recording.flush_if_due()
                     except Exception as exc:
                         self._record_failed(exc)
-                self._beat()
+                self._news.beat(self._steps())
                 if time.monotonic() - self._record_written >= RECORD_EVERY_S:
                     with self._lock:
                         self._write_record()
@@ -255,7 +236,7 @@ class NodeAgent:
                 continue
             self._known[endpoint.rank] = endpoint
             new.append(endpoint)
-            self._start_exchange(endpoint)
+            self._news.rank_found(endpoint)
             with self._lock:
                 self._exits.watch(endpoint.rank, endpoint.pid)
                 self._memory.watch(endpoint.rank, endpoint.pid)
@@ -288,45 +269,14 @@ class NodeAgent:
         if self._endpoint is not None and isinstance(event, RecordEntry | RankExit | ConnectionEvent):
             self._endpoint.publish(event)
 
-    # ------------------------------------------------------------ what the endpoint serves
-
     def _catch_up(self) -> list[Entry]:
         """Everything known about each local rank now: what a viewer that connects gets first."""
-        entries: list[Entry] = []
         with self._lock:
-            for rank in sorted(r for r in self.model.ranks if r in self._known):
-                view = self.model.ranks[rank]
-                at = view.received_at or time.time()
-                if view.history:
-                    entries.append(RecordEntry(time=at, rank=rank,
-                                               message=HistoryMsg(rank=rank, samples=list(view.history))))
-                if view.state is not None:
-                    entries.append(RecordEntry(time=at, rank=rank, message=StateMsg(state=view.state)))
-                if view.stacks is not None and view.current_stuck() is not None:
-                    entries.append(RecordEntry(time=view.stacks.time, rank=rank, message=view.stacks))
-                if view.exit is not None:
-                    entries.append(view.exit)
-        return entries
+            return model_catch_up(self.model, set(self._known), time.time())
 
     def _ask(self, command: str, timeout: float) -> list[Entry]:
-        """Stacks or Flight Recorder dumps of every local rank that still runs; a rank that
-        cannot answer gets where it is stuck (read from outside), else why not."""
-        now = time.time()
-        with self._lock:
-            running = [r for r, view in self.model.ranks.items()
-                       if view.ending() is None and r in self._known]
-        if command == "fr_trace":
-            traces = self._live.request_fr_traces(running, timeout)
-            return [RecordEntry(time=now, rank=r, message=m) for r, m in sorted(traces.items())]
-        result = self._live.request_stacks(running, timeout)
-        entries: list[Entry] = [RecordEntry(time=now, rank=r, message=m)
-                                for r, m in sorted(result.stacks.items())]
-        with self._lock:
-            for rank, why in sorted(result.errors.items()):
-                view = self.model.ranks.get(rank)
-                stuck = view.stacks if view is not None and view.current_stuck() is not None else None
-                entries.append(RecordEntry(time=now, rank=rank, message=stuck or ErrorMsg(reason=why)))
-        return entries
+        """Stacks or FR dumps of every local rank that still runs (see :func:`ask_ranks`)."""
+        return ask_ranks(self._live, self.model, self._lock, set(self._known), command, timeout)
 
     # ------------------------------------------------------------ stacks from outside
 
@@ -368,7 +318,7 @@ class NodeAgent:
         stacks = StacksMsg(rank=report.rank, time=report.time, threads=[main], source=report.source,
                            stuck=report)
         self._event(RecordEntry(time=report.time, rank=report.rank, message=stacks))
-        self._tell(RecordEntry(time=report.time, rank=report.rank, message=news_stacks(stacks)))
+        self._news.tell(RecordEntry(time=report.time, rank=report.rank, message=news_stacks(stacks)))
 
     def _record_failed(self, exc: Exception) -> None:
         with self._lock:
@@ -398,47 +348,14 @@ class NodeAgent:
             self._update_outcomes(gone, state)
             self._write_record()
         if last is not None:  # its last word, or its last sample: the step it died at
-            self._tell(RecordEntry(time=last.time, rank=gone.key, message=StateMsg(state=news_state(last))))
-        self._tell(exit_event)
+            last_words = StateMsg(state=news_state(last))
+            self._news.tell(RecordEntry(time=last.time, rank=gone.key, message=last_words))
+        self._news.tell(exit_event)
 
-    # ------------------------------------------------------------ the exchange
-
-    def _start_exchange(self, endpoint: Endpoint) -> None:
-        """With the first local rank of a multi-node job: find the other agents in its store."""
-        if self._exchange is not None or self._endpoint is None or endpoint.agent_port != self._endpoint.port:
-            return
-        env = _environ(endpoint.pid)
-        addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
-        local, world = env.get("LOCAL_WORLD_SIZE", ""), env.get("WORLD_SIZE", "")
-        if not addr or not port.isdigit() or (local and local == world):
-            return  # not torchrun's, or one node: nobody to exchange with
-        own = endpoint.via_agent
-        assert own is not None
-        self._exchange = Exchange(self.job_id, self._token, self._remote, own)
-        self._exchange.start((addr, int(port)))
-
-    def _tell(self, entry: Entry) -> None:
-        """Send one of this node's endings or stuck reports to the other agents."""
+    def _steps(self) -> dict[int, int]:
         with self._lock:
-            self._news.append(entry)
-            del self._news[:-MAX_NEWS_KEPT]
-        if self._endpoint is not None:
-            self._endpoint.publish(entry, news=True)
-
-    def _news_catch_up(self) -> list[Entry]:
-        with self._lock:
-            return list(self._news)
-
-    def _beat(self) -> None:
-        if self._endpoint is None or time.monotonic() - self._beat_at < BEAT_S:
-            return
-        self._beat_at = time.monotonic()
-        ranks = sorted(self._known)
-        with self._lock:
-            views = [self.model.ranks.get(r) for r in ranks]
-        steps = [v.state.step if v is not None and v.state is not None else 0 for v in views]
-        beat = AgentBeat(time=time.time(), host=self.host, ranks=ranks, steps=steps)
-        self._endpoint.publish(beat, news=True)
+            views = {r: self.model.ranks.get(r) for r in self._known}
+        return {r: v.state.step if v is not None and v.state is not None else 0 for r, v in views.items()}
 
     def _remote(self, event: Frame) -> None:
         """What another node's agent told (its ranks' endings, stuck reports, a lost node):
@@ -469,8 +386,7 @@ class NodeAgent:
                 outcome.status = statuses[outcome.rank]
 
     def _write_record(self) -> None:
-        if self._exchange is not None:
-            self.record.exchange = self._exchange.summary()
+        self.record.exchange = self._news.summary()
         if self.recording is not None:
             self.record.record_bytes = self.recording.bytes_on_disk
         try:
@@ -482,13 +398,3 @@ class NodeAgent:
         self._record_written = time.monotonic()
 
 
-
-def _environ(pid: int) -> dict[str, str]:
-    """A local rank's environment, read from /proc (read only: the rank is not touched)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            data = fh.read(MAX_ENVIRON)
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in data.split(b"\0") if b"=" in item)
-    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}
