@@ -55,6 +55,11 @@ Ask = Callable[[str, float], list[Entry]]
 MAX_QUEUED = 50_000  # events waiting for the loop thread; beyond it the oldest are dropped
 SLOW_WORKERS = 2  # stacks / fr_trace requests asked of the ranks at once
 FLUSH_AT_CLOSE_S = 1.0
+# Peers of the node's endpoint: viewers, and every other node agent of the job (their news
+# exchange), which connect at about the same moment. Each peer's output is capped, and all
+# of them together by the server's total.
+MAX_PEERS = 8192
+MAX_HANDSHAKING = 256
 ASK_TIMEOUT_S = 4.0  # under a viewer's 5 s: the agent answers before the viewer gives up
 # An agent forwards every rank of its host: more room per viewer than one rank's server.
 MAX_VIEWER_OUTPUT = 32 * 1024 * 1024
@@ -73,7 +78,8 @@ class NodeEndpoint:
         self._loop = ServerLoop(wakeable=True)
         try:
             self.server = ReporterServer(bind, port, token, -1, job_id, self._handle, loop=self._loop,
-                                         max_output=MAX_VIEWER_OUTPUT, role="agent", deferrer=self._defer)
+                                         max_output=MAX_VIEWER_OUTPUT, role="agent", deferrer=self._defer,
+                                         max_clients=MAX_PEERS, max_pending=MAX_HANDSHAKING)
         except OSError:
             self._loop.close()
             raise

@@ -95,6 +95,7 @@ class PeerAgent:
     retry_at: float = 0.0
     declared_lost: bool = False
     refused: str = ""  # why it cannot exchange with us
+    unreached_noted: bool = False  # never heard, and said so
     ranks_ended: set[int] = field(default_factory=set)
     steps: dict[int, int] = field(default_factory=dict)  # each rank's last step, from the beats
 
@@ -122,8 +123,9 @@ class Exchange:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, store: tuple[str, int]) -> None:
-        """Find the other agents through the job's store at *store* and subscribe to them."""
+    def start(self, store: tuple[str, int] | None) -> None:
+        """Find the other agents through the job's store at *store* (or as :meth:`add_endpoints`
+        is given them) and subscribe to them."""
         self._store = store
         self._live.start(self._event)
         self._thread = threading.Thread(target=self._run, name="ddptop-exchange", daemon=True)
@@ -139,7 +141,8 @@ class Exchange:
     def settled(self) -> bool:
         """Every peer agent said its part ended, or was declared lost, or all its ranks ended."""
         with self._lock:
-            return all(p.ended or p.declared_lost or p.refused or set(p.ranks) <= p.ranks_ended
+            return all(p.ended or p.declared_lost or p.refused or p.unreached_noted
+                       or set(p.ranks) <= p.ranks_ended
                        for p in self.peers.values())
 
     def settle(self, grace_s: float) -> None:
@@ -154,6 +157,11 @@ class Exchange:
         if self._thread is not None:
             self._thread.join(timeout=STORE_TIMEOUT_S + 2.0)
         self._live.stop()
+
+    @property
+    def bytes_in(self) -> int:
+        """Bytes received from the other agents so far."""
+        return self._live.bytes_in
 
     def summary(self) -> str:
         """One line for the job record: with whom news was exchanged, and what was impossible."""
@@ -175,7 +183,7 @@ class Exchange:
         next_discover = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
-            if now >= next_discover and not self._all_known():
+            if self._store is not None and now >= next_discover and not self._all_known():
                 self._discover()
                 next_discover = time.monotonic() + DISCOVER_S
             self._check_lost()
@@ -191,6 +199,10 @@ class Exchange:
         except Exception as exc:  # the store is gone (the job ended) or unreachable
             log.debug("ddptop exchange: store %s:%d: %s", *self._store, exc)
             return
+        self.add_endpoints(endpoints, world)
+
+    def add_endpoints(self, endpoints: list[Endpoint], world: int) -> None:
+        """Ranks' endpoints as published in the job's store: subscribe to each new agent."""
         self.world_size = max(self.world_size, world)
         by_agent: dict[tuple[str, int], list[Endpoint]] = {}
         for endpoint in endpoints:
@@ -200,13 +212,14 @@ class Exchange:
             by_agent.setdefault(endpoint.via_agent, []).append(endpoint)
         unserved = [e.rank for e in endpoints if e.via_agent is None]
         if unserved:
-            self.note(f"rank(s) {_span(unserved)} have no node agent (not started by `ddptop launch`)")
+            self.note(f"{_span(unserved)} have no node agent (not started by `ddptop launch`)")
         for where, served in by_agent.items():
             if where == self._own:
                 continue
             ranks = sorted(e.rank for e in served)
-            if where[0].startswith(LOOPBACK):
-                self.note(f"the node agent of rank(s) {_span(ranks)} serves on loopback only "
+            if where[0].startswith(LOOPBACK) and not self._own[0].startswith(LOOPBACK):
+                # Another host's loopback (a node agent on one host shares loopback with ours).
+                self.note(f"the node agent of {_span(ranks)} serves on loopback only "
                           "(`ddptop launch --bind`): its news cannot reach this node")
                 continue
             with self._lock:
@@ -221,6 +234,7 @@ class Exchange:
         now = self._clock()
         declare: list[PeerAgent] = []
         retry: list[PeerAgent] = []
+        unreached: list[PeerAgent] = []
         with self._lock:
             for peer in self.peers.values():
                 if peer.ended or peer.declared_lost or peer.refused:
@@ -230,9 +244,12 @@ class Exchange:
                     peer.retry_at = now
                 if peer.lost_since is None:
                     continue
-                if now - peer.lost_since >= NODE_LOST_AFTER_S:
+                if now - peer.lost_since >= NODE_LOST_AFTER_S and peer.heard_at:
                     peer.declared_lost = True
                     declare.append(peer)
+                elif now - peer.lost_since >= NODE_LOST_AFTER_S and not peer.unreached_noted:
+                    peer.unreached_noted = True  # never heard: not lost, unknown (noted below)
+                    unreached.append(peer)
                 elif now >= peer.retry_at:
                     peer.retry_at = now + RETRY_S
                     retry.append(peer)
@@ -240,6 +257,10 @@ class Exchange:
             self._live.add_agent(peer.endpoint, peer.ranks)
         for peer in declare:
             self._declare_lost(peer)
+        for peer in unreached:
+            self.note(f"the node agent of {peer.node or peer.endpoint.host} ({_span(peer.ranks)}) could not "
+                      f"be reached at {peer.endpoint.host}:{peer.endpoint.port}: what happened there is "
+                      "unknown here")
 
     def _declare_lost(self, peer: PeerAgent) -> None:
         """Its node vanished: every rank of it without a known ending is lost with it."""

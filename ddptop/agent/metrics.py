@@ -59,8 +59,9 @@ class AgentView:
     @staticmethod
     def local(job_id: str, host: str, snapshot: JobSnapshot, histories: dict[int, list[Sample]],
               record_bytes: int, local: set[int]) -> AgentView:
-        """The view of this node's ranks only: the others are their own agents' to report
-        (the agent's model also holds what the exchange told of them), not "unreachable" here."""
+        """The view of this node's ranks (*local*: those it heard of itself) only: the others
+        are their own agents' to report (the agent's model also holds what the exchange told
+        of them), and not "unreachable" here."""
         from ddptop import __version__
 
         snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items() if r in local}

@@ -96,6 +96,7 @@ class NodeAgent:
         self._metrics: MetricsServer | None = None
         self._endpoint: NodeEndpoint | None = None
         self._news = NodeNews(job_id, self.host, self._remote)  # the exchange, once serving
+        self._remote_ranks: set[int] = set()  # ranks of other nodes, as the exchange told (self._lock)
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
@@ -153,7 +154,8 @@ class NodeAgent:
             snapshot = self.model.snapshot(now)
             histories = self.model.histories()
             record_bytes = self.recording.bytes_on_disk if self.recording is not None else 0
-        return AgentView.local(self.job_id, self.host, snapshot, histories, record_bytes, set(self._known))
+            local = set(self.model.ranks) - self._remote_ranks
+        return AgentView.local(self.job_id, self.host, snapshot, histories, record_bytes, local)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -220,7 +222,9 @@ class NodeAgent:
                         self.recording.flush_if_due()
                     except Exception as exc:
                         self._record_failed(exc)
-                self._news.beat(self._steps())
+                with self._lock:
+                    steps = self.model.steps(self._known)
+                self._news.beat(steps)
                 if time.monotonic() - self._record_written >= RECORD_EVERY_S:
                     with self._lock:
                         self._write_record()
@@ -255,11 +259,7 @@ class NodeAgent:
             # Last words, whichever path brought them: with the rank's dead workers attached.
             state = event.message.state
             state.worker_crashes = remains.worker_crashes(self.job_id, event.rank, state)
-        if self.recording is not None:
-            try:
-                self.recording.write(event)
-            except Exception as exc:  # a full disk must not stop the watching
-                self._record_failed(exc)
+        self._record(event)
         if isinstance(event, RecordEntry | RankExit):
             # Not its connections: how a rank ended is the agent's to see, from its exit.
             with self._lock:
@@ -272,11 +272,13 @@ class NodeAgent:
     def _catch_up(self) -> list[Entry]:
         """Everything known about each local rank now: what a viewer that connects gets first."""
         with self._lock:
-            return model_catch_up(self.model, set(self._known), time.time())
+            return model_catch_up(self.model, set(self.model.ranks) - self._remote_ranks, time.time())
 
     def _ask(self, command: str, timeout: float) -> list[Entry]:
         """Stacks or FR dumps of every local rank that still runs (see :func:`ask_ranks`)."""
-        return ask_ranks(self._live, self.model, self._lock, set(self._known), command, timeout)
+        with self._lock:
+            local = set(self.model.ranks) - self._remote_ranks
+        return ask_ranks(self._live, self.model, self._lock, local, command, timeout)
 
     # ------------------------------------------------------------ stacks from outside
 
@@ -320,6 +322,13 @@ class NodeAgent:
         self._event(RecordEntry(time=report.time, rank=report.rank, message=stacks))
         self._news.tell(RecordEntry(time=report.time, rank=report.rank, message=news_stacks(stacks)))
 
+    def _record(self, event: Frame) -> None:
+        if self.recording is not None:
+            try:
+                self.recording.write(event)
+            except Exception as exc:  # a full disk must not stop the watching
+                self._record_failed(exc)
+
     def _record_failed(self, exc: Exception) -> None:
         with self._lock:
             self.record.record_errors += 1
@@ -352,21 +361,13 @@ class NodeAgent:
             self._news.tell(RecordEntry(time=last.time, rank=gone.key, message=last_words))
         self._news.tell(exit_event)
 
-    def _steps(self) -> dict[int, int]:
-        with self._lock:
-            views = {r: self.model.ranks.get(r) for r in self._known}
-        return {r: v.state.step if v is not None and v.state is not None else 0 for r, v in views.items()}
-
     def _remote(self, event: Frame) -> None:
         """What another node's agent told (its ranks' endings, stuck reports, a lost node):
         into the black box and the model, never to this node's viewers (they ask that agent)."""
-        if self.recording is not None:
-            try:
-                self.recording.write(event)
-            except Exception as exc:
-                self._record_failed(exc)
+        self._record(event)
         if isinstance(event, RecordEntry | RankExit):
             with self._lock:
+                self._remote_ranks.add(event.rank)
                 self.model.apply(event)
                 self.record.world_size = max(self.record.world_size, self.model.world_size)
 
@@ -396,5 +397,4 @@ class NodeAgent:
                 log.warning("ddptop agent: cannot write the job record: %s", exc)
             self._record_warned = True
         self._record_written = time.monotonic()
-
 

@@ -64,6 +64,7 @@ class LiveSource(LiveRequests):
         # The node agents' exchange (ddptop.agent.exchange): ask other agents for "news" only,
         # and hand their beats and refusals to on_agent.
         self._news = news
+        self.bytes_in = 0  # bytes received from every peer (a benchmark's measure)
         self.on_agent: Callable[[Endpoint, AgentBeat | ErrorMsg], None] | None = None
         # A viewer reads a dead rank's last words from the runtime directory; the node agent
         # reads them itself (with more: exit status, workers' crashes) and says no.
@@ -231,6 +232,7 @@ class LiveSource(LiveRequests):
         if not data:
             self._lost(peer, "connection closed by the rank")
             return
+        self.bytes_in += len(data)
         try:
             messages = peer.buf.feed(data)
         except ProtocolError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -239,6 +240,11 @@ class JobModel:
                  for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                         first_time=self.first_time, last_time=self.last_time)
+
+    def steps(self, ranks: Iterable[int]) -> dict[int, int]:
+        """The last step of each of *ranks* (0 for a rank not heard from yet)."""
+        return {r: v.state.step if v is not None and v.state is not None else 0
+                for r, v in ((r, self.ranks.get(r)) for r in ranks)}
 
     def histories(self) -> dict[int, list[Sample]]:
         """Every rank's samples, oldest first."""

@@ -78,6 +78,7 @@ class ServerCounters:
     evicted_peers: int = 0  # closed to make room for a newer connection
     timed_out_peers: int = 0  # handshake too slow, idle, or not reading
     read_pauses: int = 0  # times a peer's requests went unread while its output drained
+    bytes_out: int = 0  # bytes sent to peers
 
     def fill(self, stats: ReporterStats) -> None:
         """Copy the counts into *stats* (the rank's reporter statistics)."""

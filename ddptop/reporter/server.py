@@ -62,8 +62,11 @@ class ReporterServer:
 
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
                  handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None,
-                 role: str = "rank", deferrer: Deferrer | None = None) -> None:
+                 role: str = "rank", deferrer: Deferrer | None = None,
+                 max_clients: int = limits.MAX_CLIENTS, max_pending: int = limits.MAX_PENDING) -> None:
         self._owns_loop = loop is None
+        # A node agent is also a peer of every other node agent of its job: more room.
+        self._max_clients, self._max_pending = max_clients, max_pending
         # A private loop is wakeable: the rank's exit should not wait out a poll timeout.
         self._loop = loop if loop is not None else ServerLoop(wakeable=True)
         self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -179,7 +182,7 @@ class ReporterServer:
             self._admit_new(sock, addr)
 
     def _admit_new(self, sock: socket.socket, addr: tuple[str, int]) -> None:
-        if len(self._pending) >= limits.MAX_PENDING:
+        if len(self._pending) >= self._max_pending:
             # Handshaking peers have their own small pool, oldest out first: silent
             # sockets cannot keep a newcomer (a real viewer finishes in milliseconds) out.
             oldest = next(iter(self._pending))
@@ -210,7 +213,7 @@ class ReporterServer:
         self._pending.pop(client, None)
         client.admitted = True
         viewers = [c for c in self._clients if c.admitted and c is not client]
-        if len(viewers) >= limits.MAX_CLIENTS:
+        if len(viewers) >= self._max_clients:
             # Never lock a real viewer out: make room by closing the viewer that has been
             # quiet the longest, preferring one that is not subscribed and reading.
             quietest = min(viewers, key=lambda c: ((c.subscribed or c.news) and not c.out, c.last_request))
@@ -356,6 +359,7 @@ class ReporterServer:
         while client.out:
             try:
                 sent = client.sock.send(client.out)
+                self.counters.bytes_out += sent
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:

@@ -1,0 +1,133 @@
+"""The node agents' exchange on its own, on real sockets (loopback), without torch.
+
+One :class:`~ddptop.agent.exchange.Exchange` subscribes to the news of real agent endpoints
+(:class:`~ddptop.agent.endpoint.NodeEndpoint`): what they tell arrives, and only news (not
+their ranks' 1 Hz states); an agent that says goodbye is not lost, one that vanishes is a
+lost node whose ranks without an ending get a ``node_lost`` exit; an older agent that does
+not know "news" is noted, never taken for lost. The job's store is replaced by the
+endpoints it would hold (:meth:`Exchange.add_endpoints`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ddptop.agent import exchange as exchange_mod
+from ddptop.agent.endpoint import NodeEndpoint
+from ddptop.agent.exchange import Exchange, news_state
+from ddptop.discovery import Endpoint
+from ddptop.protocol import AgentBeat, ErrorMsg, Message, RankExit, RankState, RecordEntry, Request, StateMsg
+from ddptop.reporter.server import ReporterServer, ServerLoop
+from ddptop.source import Event
+from tests.jobs import wait_until
+
+JOB = "xjob"
+TOKEN = "exchange-test-token"
+
+
+def _endpoints(port: int, ranks: list[int], node: str) -> list[Endpoint]:
+    return [Endpoint(job_id=JOB, rank=r, world_size=6, host="127.0.0.1", port=1, pid=1, node=node,
+                     agent_port=port) for r in ranks]
+
+
+def _state(rank: int, step: int, status: str = "running") -> RankState:
+    return RankState(rank=rank, local_rank=0, world_size=6, host="n", pid=100 + rank, job_id=JOB,
+                     time=time.time(), step=step, status=status, env={"BIG": "x" * 1000})
+
+
+class OlderAgent:
+    """An agent endpoint of a ddptop that does not know "news" (answers as it would)."""
+
+    def __init__(self) -> None:
+        self.loop = ServerLoop(wakeable=True)
+        self.server = ReporterServer("127.0.0.1", 0, TOKEN, -1, JOB, self._handle, loop=self.loop,
+                                     role="agent")
+        self.port = self.server.port
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _handle(self, request: Request) -> Message:
+        return ErrorMsg(reason=f"unsupported request {request.command!r}", id=request.id)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.loop.poll(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.server.close()
+        self.loop.close()
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Shorter beats and lost-node delay: the same code path, waited on by conditions.
+    monkeypatch.setattr(exchange_mod, "NODE_LOST_AFTER_S", 2.0)
+    monkeypatch.setattr(exchange_mod, "RETRY_S", 0.5)
+
+
+@pytest.fixture
+def agents() -> Iterator[tuple[NodeEndpoint, NodeEndpoint, OlderAgent]]:
+    made: list[NodeEndpoint] = []
+    older = OlderAgent()
+    try:
+        for _ in range(2):
+            made.append(NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, catch_up=list, ask=lambda c, t: [],
+                                     news_catch_up=list))
+        yield made[0], made[1], older
+    finally:
+        for endpoint in made:
+            endpoint.close()
+        older.close()
+
+
+def test_news_arrives_goodbye_is_not_loss_vanished_node_is_lost_older_agent_noted(
+        quick: None, agents: tuple[NodeEndpoint, NodeEndpoint, OlderAgent]) -> None:
+    b, c, older = agents
+    told: list[Event] = []
+    ours = ("127.0.0.1", 9)  # this node's own agent: never subscribed to
+    ex = Exchange(JOB, TOKEN, told.append, ours)
+    ex.start(None)
+    try:
+        ex.add_endpoints(_endpoints(9, [0, 1], "node-a") + _endpoints(b.port, [2, 3], "node-b")
+                         + _endpoints(c.port, [4, 5], "node-c") + _endpoints(older.port, [6], "node-d"), 7)
+        assert sorted(p.node for p in ex.peers.values()) == ["node-b", "node-c", "node-d"]
+        # The older agent refuses "news": noted, never lost.
+        wait_until(lambda: any("node-d" in n and "older" in n for n in ex.notes), 10.0,
+                   "the older agent noted")
+        # Beats make the others heard; a 1 Hz state of theirs is not news and never comes.
+        wait_until(lambda: (ex.peers[("127.0.0.1", b.port)].heard_at > 0 and
+                   ex.peers[("127.0.0.1", c.port)].heard_at > 0) or _beat(b, c), 10.0, "beats from b and c")
+        b.publish(RecordEntry(time=time.time(), rank=2, message=StateMsg(state=_state(2, 40))))
+        # Rank 2's ending, as node b's agent tells it: its last state (trimmed), then its exit.
+        b.publish(RecordEntry(time=time.time(), rank=2, message=StateMsg(state=news_state(_state(2, 41)))),
+                  news=True)
+        b.publish(RankExit(time=time.time(), rank=2, pid=102, host="node-b", signal="SIGKILL"), news=True)
+        wait_until(lambda: any(isinstance(e, RankExit) and e.rank == 2 for e in told), 10.0, "rank 2's exit")
+        states = [e for e in told if isinstance(e, RecordEntry) and isinstance(e.message, StateMsg)]
+        assert [s.message.state.step for s in states] == [41], states  # the news only, not the 1 Hz state
+        assert states[0].message.state.env == {}
+        # Node c says goodbye, then closes: not lost. Node b vanishes without a word: lost.
+        c.publish(AgentBeat(time=time.time(), host="node-c", ranks=[4, 5], ending=True), news=True)
+        wait_until(lambda: ex.peers[("127.0.0.1", c.port)].ended, 10.0, "node c's goodbye")
+        c.close()
+        b.server.close()  # its sockets go; no goodbye was said
+        wait_until(ex.settled, 20.0, "the exchange to settle")
+        lost = [e for e in told if isinstance(e, RankExit) and e.cause == "node_lost"]
+        assert [(e.rank, e.host) for e in lost] == [(3, "node-b")], lost  # rank 2's ending was known
+        summary = ex.summary()
+        assert "lost: node-b" in summary and "node-c" not in summary.split("lost:")[1], summary
+    finally:
+        ex.close()
+
+
+def _beat(*endpoints: NodeEndpoint) -> bool:
+    for endpoint in endpoints:
+        endpoint.publish(AgentBeat(time=time.time(), host="n", ranks=[]), news=True)
+    return False
