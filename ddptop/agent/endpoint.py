@@ -29,19 +29,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ddptop.client.live import LiveSource
-from ddptop.model.job import JobModel
 from ddptop.protocol import (
     AgentBeat,
     AgentReply,
     ConnectionEvent,
     ErrorMsg,
-    HistoryMsg,
     Message,
     RankExit,
     RecordEntry,
     Request,
-    StateMsg,
 )
 from ddptop.reporter.server import ReporterServer, Respond, ServerLoop
 
@@ -177,42 +173,3 @@ class NodeEndpoint:
             self._answers.append((respond, reply))
         self._loop.wake()
 
-
-def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Entry]:
-    """What *model* knows about each of *ranks* (the node's own): history, last state, where
-    it is stuck, its exit, as a viewer that connects gets it first."""
-    entries: list[Entry] = []
-    for rank in sorted(r for r in model.ranks if r in ranks):
-        view = model.ranks[rank]
-        at = view.received_at or now
-        if view.history:
-            history = HistoryMsg(rank=rank, samples=list(view.history))
-            entries.append(RecordEntry(time=at, rank=rank, message=history))
-        if view.state is not None:
-            entries.append(RecordEntry(time=at, rank=rank, message=StateMsg(state=view.state)))
-        if view.stacks is not None and view.current_stuck() is not None:
-            entries.append(RecordEntry(time=view.stacks.time, rank=rank, message=view.stacks))
-        if view.exit is not None:
-            entries.append(view.exit)
-    return entries
-
-
-def ask_ranks(live: LiveSource, model: JobModel, lock: threading.Lock, ranks: set[int], command: str,
-              timeout: float) -> list[Entry]:
-    """Stacks or Flight Recorder dumps of every one of *ranks* that still runs; a rank that
-    cannot answer gets where it is stuck (read from outside), else why not."""
-    now = time.time()
-    with lock:
-        running = [r for r, view in model.ranks.items() if view.ending() is None and r in ranks]
-    if command == "fr_trace":
-        traces = live.request_fr_traces(running, timeout)
-        return [RecordEntry(time=now, rank=r, message=m) for r, m in sorted(traces.items())]
-    result = live.request_stacks(running, timeout)
-    entries: list[Entry] = [RecordEntry(time=now, rank=r, message=m)
-                            for r, m in sorted(result.stacks.items())]
-    with lock:
-        for rank, why in sorted(result.errors.items()):
-            view = model.ranks.get(rank)
-            stuck = view.stacks if view is not None and view.current_stuck() is not None else None
-            entries.append(RecordEntry(time=now, rank=rank, message=stuck or ErrorMsg(reason=why)))
-    return entries

@@ -33,7 +33,6 @@ import msgspec
 
 from ddptop import __version__, auth, discovery, remains
 from ddptop.agent import jobrecord
-from ddptop.agent.endpoint import Entry, ask_ranks, model_catch_up
 from ddptop.agent.exchange import news_stacks, news_state
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.jobrecord import JobRecord, RankOutcome
@@ -41,6 +40,7 @@ from ddptop.agent.news import NodeNews
 from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
+from ddptop.agent.serving import Entry, ask_ranks, model_catch_up
 from ddptop.bundle.format import SCHEMA_VERSION, Frame, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget

@@ -63,9 +63,10 @@ class ReporterServer:
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
                  handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None,
                  role: str = "rank", deferrer: Deferrer | None = None,
-                 max_clients: int = limits.MAX_CLIENTS, max_pending: int = limits.MAX_PENDING) -> None:
+                 max_clients: int | None = None, max_pending: int | None = None) -> None:
         self._owns_loop = loop is None
-        # A node agent is also a peer of every other node agent of its job: more room.
+        # A node agent is also a peer of every other node agent of its job: more room. (None:
+        # the limits module's, read when used.)
         self._max_clients, self._max_pending = max_clients, max_pending
         # A private loop is wakeable: the rank's exit should not wait out a poll timeout.
         self._loop = loop if loop is not None else ServerLoop(wakeable=True)
@@ -182,7 +183,7 @@ class ReporterServer:
             self._admit_new(sock, addr)
 
     def _admit_new(self, sock: socket.socket, addr: tuple[str, int]) -> None:
-        if len(self._pending) >= self._max_pending:
+        if len(self._pending) >= (self._max_pending or limits.MAX_PENDING):
             # Handshaking peers have their own small pool, oldest out first: silent
             # sockets cannot keep a newcomer (a real viewer finishes in milliseconds) out.
             oldest = next(iter(self._pending))
@@ -213,7 +214,7 @@ class ReporterServer:
         self._pending.pop(client, None)
         client.admitted = True
         viewers = [c for c in self._clients if c.admitted and c is not client]
-        if len(viewers) >= self._max_clients:
+        if len(viewers) >= (self._max_clients or limits.MAX_CLIENTS):
             # Never lock a real viewer out: make room by closing the viewer that has been
             # quiet the longest, preferring one that is not subscribed and reading.
             quietest = min(viewers, key=lambda c: ((c.subscribed or c.news) and not c.out, c.last_request))

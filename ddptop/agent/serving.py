@@ -1,0 +1,56 @@
+"""What the node's endpoint answers from the agent's model: pure over the model, no sockets.
+
+Apart from :mod:`ddptop.agent.endpoint` (which serves, and so loads the rank-side server) so
+that the node agent can be imported without the reporter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ddptop.client.live import LiveSource
+from ddptop.model.job import JobModel
+from ddptop.protocol import ConnectionEvent, ErrorMsg, HistoryMsg, RankExit, RecordEntry, StateMsg
+
+Entry = RecordEntry | ConnectionEvent | RankExit
+
+
+def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Entry]:
+    """What *model* knows about each of *ranks* (the node's own): history, last state, where
+    it is stuck, its exit, as a viewer that connects gets it first."""
+    entries: list[Entry] = []
+    for rank in sorted(r for r in model.ranks if r in ranks):
+        view = model.ranks[rank]
+        at = view.received_at or now
+        if view.history:
+            history = HistoryMsg(rank=rank, samples=list(view.history))
+            entries.append(RecordEntry(time=at, rank=rank, message=history))
+        if view.state is not None:
+            entries.append(RecordEntry(time=at, rank=rank, message=StateMsg(state=view.state)))
+        if view.stacks is not None and view.current_stuck() is not None:
+            entries.append(RecordEntry(time=view.stacks.time, rank=rank, message=view.stacks))
+        if view.exit is not None:
+            entries.append(view.exit)
+    return entries
+
+
+def ask_ranks(live: LiveSource, model: JobModel, lock: threading.Lock, ranks: set[int], command: str,
+              timeout: float) -> list[Entry]:
+    """Stacks or Flight Recorder dumps of every one of *ranks* that still runs; a rank that
+    cannot answer gets where it is stuck (read from outside), else why not."""
+    now = time.time()
+    with lock:
+        running = [r for r, view in model.ranks.items() if view.ending() is None and r in ranks]
+    if command == "fr_trace":
+        traces = live.request_fr_traces(running, timeout)
+        return [RecordEntry(time=now, rank=r, message=m) for r, m in sorted(traces.items())]
+    result = live.request_stacks(running, timeout)
+    entries: list[Entry] = [RecordEntry(time=now, rank=r, message=m)
+                            for r, m in sorted(result.stacks.items())]
+    with lock:
+        for rank, why in sorted(result.errors.items()):
+            view = model.ranks.get(rank)
+            stuck = view.stacks if view is not None and view.current_stuck() is not None else None
+            entries.append(RecordEntry(time=now, rank=rank, message=stuck or ErrorMsg(reason=why)))
+    return entries
