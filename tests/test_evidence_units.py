@@ -197,3 +197,62 @@ def test_each_groups_last_entries_are_kept_however_deep(real_dumps: Path, tmp_pa
     by_group = {g: [op.collective_seq for op in read.entries if op.pg_name == g] for g in ("0", "1")}
     assert by_group["1"] == [1, 2, 3]
     assert by_group["0"] == list(range(300 - frdump.KEEP_PER_GROUP + 1, 301))
+
+
+LONG_WRITER = """
+import os, sys, torch, torch.distributed as dist
+from torch._C._distributed_c10d import _dump_fr_trace
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/store", rank=0, world_size=1)
+side = dist.new_group([0])
+t = torch.ones(4)
+for i in range(300):
+    dist.all_reduce(t) if i % 7 else dist.broadcast(t, 0)
+for _ in range(70):  # a second group, as busy as the first at the end
+    dist.all_reduce(t, group=side)
+    dist.all_reduce(t)
+open(sys.argv[1] + "/dump_0", "wb").write(_dump_fr_trace())
+out = [torch.zeros(4)]
+dist.all_gather(out, t)  # an op first seen in the middle of the buffer ...
+for _ in range(200):
+    dist.all_reduce(t)
+dist.all_gather(out, t)  # ... and again among the newest: its name is fetched from the middle
+open(sys.argv[1] + "/dump_1", "wb").write(_dump_fr_trace())
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def long_real_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real dumps of 440 and 642 entries in two groups, written by torch's own (C++) pickler."""
+    folder = tmp_path_factory.mktemp("long-dump")
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", LONG_WRITER, str(folder)], env=env, capture_output=True,
+                         text=True, timeout=120, check=False, start_new_session=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return folder
+
+
+def test_only_the_newest_entries_are_unpickled_and_the_result_is_exact(long_real_dumps: Path) -> None:
+    """The tail shortcut on torch's own pickle gives the same dump as unpickling all of it; where
+    the newest entries fetch a string first written in the skipped middle (an op, a group
+    first run there), that cut says no and a longer one is read: still the same."""
+    from ddptop.evidence import pickle_tail
+
+    for name, taken in (("dump_0", True), ("dump_1", True)):
+        path = long_real_dumps / name
+        data = path.read_bytes()
+        full = frdump.normalise(safe_pickle.loads(data), path=str(path), fmt="pickle")
+        fast = frdump.read_dump(path)
+        assert (fast.entries_total, fast.entries, fast.groups, fast.progress) == (
+            full.entries_total, full.entries, full.groups, full.progress), name
+        assert {op.pg_name for op in fast.entries} == {"0", "1"}
+        assert fast.entries_total == {"dump_0": 440, "dump_1": 642}[name]
+        assert (frdump._decode_pickle_tail(data, frdump.KEEP_PER_GROUP) is not None) is taken, name
+        reader = pickle_tail.TailReader(data)
+        assert reader.total == fast.entries_total
+        # The newest 150 of dump_0 hold the side group's first op; those of dump_1 fetch
+        # "gloo:all_gather", first written 200 entries back.
+        tail = reader.last(150)
+        assert (tail is None) is (name == "dump_1"), name
+        if tail is not None:
+            assert [e["record_id"] for e in tail] == list(range(reader.total - 150, reader.total))

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ddptop.errors import EvidenceError
-from ddptop.evidence import safe_pickle
+from ddptop.evidence import pickle_tail, safe_pickle
 from ddptop.evidence.types import FrGroup, FrOp, FrProgress, RankDump
 from ddptop.protocol import FrameStack
 from ddptop.remains import read_bounded
@@ -88,7 +88,7 @@ _entry_group = msgspec.json.Decoder(_EntryGroup)
 
 def _decode(data: bytes, keep_per_group: int = KEEP_PER_GROUP) -> tuple[dict[str, Any], str]:
     if data[:1] == b"\x80":
-        raw: Any = safe_pickle.loads(data)
+        raw: Any = _decode_pickle_tail(data, keep_per_group) or safe_pickle.loads(data)
         fmt = "pickle"
     else:
         fmt = "json"
@@ -121,7 +121,8 @@ def _decode_json_tail(data: bytes, keep: int) -> dict[str, Any] | None:
         except msgspec.ValidationError:
             return _NOT_AN_ENTRY
 
-    kept = [msgspec.json.decode(c) for c in _last_per_group(top.entries, keep, group_of, top.pg_config)]
+    names = _group_names(top.pg_config, top.pg_status)
+    kept = [msgspec.json.decode(c) for c in _last_per_group(top.entries, keep, group_of, names)]
     raw = {f: getattr(top, f) for f in top.__struct_fields__ if f != "entries"}
     raw = {k: v for k, v in raw.items() if v is not None}
     return {**raw, "entries": kept, "_entries_total": len(top.entries)}
@@ -130,17 +131,43 @@ def _decode_json_tail(data: bytes, keep: int) -> dict[str, Any] | None:
 _NOT_AN_ENTRY = object()
 
 
+def _decode_pickle_tail(data: bytes, keep: int) -> dict[str, Any] | None:
+    """A pickled dump with only its newest entries unpickled (:mod:`pickle_tail`): enough of
+    them that every group has its last *keep*; twice as many each time that is not enough or
+    not exact (a string the newest fetch was first written further back); None: all of it."""
+    reader = pickle_tail.TailReader(data)
+    if reader.total > MAX_ENTRIES:
+        raise EvidenceError(f"{reader.total} entries, over the cap of {MAX_ENTRIES}")
+    wanted = _group_names(reader.top.get("pg_config"), reader.top.get("pg_status"))
+    count = keep * max(1, len(wanted))
+    while wanted and count < reader.total:
+        entries = reader.last(count)
+        seen: dict[str, int] = {}
+        for entry in entries or []:
+            name = _pg_name(_dict_group(entry))
+            seen[name] = seen.get(name, 0) + 1
+        if entries is not None and all(seen.get(g, 0) >= keep for g in wanted):
+            return {**reader.top, "entries": entries, "_entries_total": reader.total}
+        count *= 2
+    return None
+
+
 def _dict_group(entry: Any) -> Any:
     if not isinstance(entry, dict):
         return _NOT_AN_ENTRY
     return _group_key(_EntryGroup(process_group=entry.get("process_group"), pg_id=entry.get("pg_id")))
 
 
-def _last_per_group(entries: list[T], keep: int, group_of: Callable[[T], Any], config: Any) -> list[T]:
+def _group_names(config: Any, status: Any) -> set[str]:
+    """Every group a dump names: pg_config's (gloo lists only the default group there) and
+    pg_status's (every group with a collective)."""
+    return {_pg_name(k) for part in (config, status) if isinstance(part, dict) for k in part}
+
+
+def _last_per_group(entries: list[T], keep: int, group_of: Callable[[T], Any], wanted: set[str]) -> list[T]:
     """The last *keep* entries of every group, in record order. Walks back from the newest
-    and stops once every group of *config* (pg_config) has its share, so the cost follows
+    and stops once every group of *wanted* (:func:`_group_names`) has its share, so the cost follows
     *keep*, not the ring buffer's size."""
-    wanted = {_pg_name(k) for k in config} if isinstance(config, dict) else set()
     counts: dict[Any, int] = {}
     full: set[str] = set()
     out: list[T] = []
@@ -178,7 +205,8 @@ def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
     warnings: list[str] = []
     total = raw.get("_entries_total")
     total = total if isinstance(total, int) else len(entries_raw)
-    kept = _last_per_group(entries_raw, keep_per_group, _dict_group, raw.get("pg_config"))
+    kept = _last_per_group(entries_raw, keep_per_group, _dict_group,
+                           _group_names(raw.get("pg_config"), raw.get("pg_status")))
     entries = [op for op in (_op(e, warnings) for e in kept) if op is not None]
     groups = _groups(raw.get("pg_config"))
     progress = {_pg_name(k): FrProgress(last_enqueued=_int(v.get("last_enqueued_collective")),

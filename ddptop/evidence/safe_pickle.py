@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 import io
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ddptop.errors import EvidenceError
@@ -19,7 +21,7 @@ from ddptop.errors import EvidenceError
 MAX_PICKLE_BYTES = 256 << 20
 
 
-class _DataOnly(pickle.Unpickler):
+class DataOnly(pickle.Unpickler):
     """An unpickler that refuses every global and persistent id."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -35,10 +37,9 @@ def loads(data: bytes, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
         raise EvidenceError(f"pickle of {len(data)} bytes is over the {max_bytes >> 20} MiB cap")
     # A reader with peek() lets the C unpickler prefetch: a plain BytesIO costs it 2x.
     stream = io.BufferedReader(io.BytesIO(data), buffer_size=min(len(data) + 1, 1 << 22))
-    was_enabled = gc.isenabled()
-    gc.disable()  # millions of small dicts and no cycles: the collector would only walk them
     try:
-        return _DataOnly(stream).load()
+        with guarded():
+            return DataOnly(stream).load()
     except EvidenceError:
         raise
     except RecursionError:
@@ -46,6 +47,16 @@ def loads(data: bytes, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
             MemoryError, OverflowError, UnicodeDecodeError) as exc:
         raise EvidenceError(f"not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+@contextmanager
+def guarded() -> Iterator[None]:
+    """The collector paused while a dump is built: millions of small dicts and no cycles, it
+    would only walk them."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if was_enabled:
             gc.enable()
