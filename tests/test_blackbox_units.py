@@ -213,3 +213,22 @@ def test_one_oom_kill_is_put_to_one_rank_of_a_shared_cgroup(tmp_path: Path) -> N
     assert (first.cause, first.limit_bytes, first.peak_bytes) == (OOM_KILL, 1536 << 20, 1500 << 20)
     assert watch.verdict(2, 9_990_002, "SIGKILL").cause == ""  # the same kill is not put to a second rank
     assert watch.verdict(2, 9_990_002, "SIGTERM").cause == ""
+
+
+def test_a_rank_that_lost_its_peer_is_never_first_whatever_the_clocks_say() -> None:
+    """Across hosts each agent sees exits a poll apart: a victim's exit (gloo's "Connection
+    closed by peer") may carry an earlier time than the SIGKILL of the rank it lost. It is
+    still the victim: the killed rank is first, the victim torn down."""
+    from ddptop.model.outcome import ending_of, first_failure, resolved_status
+    from ddptop.protocol import RankExit, RankState
+    from ddptop.status import Status
+
+    said = RankState(rank=0, local_rank=0, world_size=4, host="a", pid=10, status=Status.CRASHED, time=99.0,
+                     exit_reason="RuntimeError: [pair.cc:553] Connection closed by peer [192.0.2.2]:30393")
+    victim = ending_of(0, RankExit(time=100.00, rank=0, pid=10, host="a", exit_code=1), said, None)
+    killed = ending_of(2, RankExit(time=100.05, rank=2, pid=20, host="b", signal="SIGKILL"), None, None)
+    assert victim is not None and killed is not None and victim.peer_gone and not killed.peer_gone
+    first = first_failure([victim, killed])
+    assert first is not None and first.rank == 2
+    assert resolved_status(victim, first) == Status.TORN_DOWN
+    assert resolved_status(killed, first) == killed.status

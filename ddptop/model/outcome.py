@@ -34,6 +34,7 @@ class Ending:
     failed: bool  # anything but a clean exit with code 0
     stopped: bool  # ended by a stop signal, or failed because a peer was gone: maybe a victim
     status: str  # the status word before job context (never torn_down)
+    peer_gone: bool = False  # failed because a peer was gone: surely after another rank
 
 
 def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
@@ -51,11 +52,11 @@ def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
         status = Status.TERMINATED if signal in ("SIGTERM", "SIGINT", "SIGHUP") else Status.CRASHED
         if exit.exit_code is None and not signal and not said:
             status = Status.LOST  # gone, reaped before its status could be read, no last words
-        return Ending(rank, exit.time, failed=True, stopped=stopped, status=status)
+        return Ending(rank, exit.time, failed=True, stopped=stopped, status=status, peer_gone=peer_gone)
     if said:
         assert state is not None
         return Ending(rank, state.time, failed=said != Status.EXITED,
-                      stopped=said == Status.TERMINATED or peer_gone, status=said)
+                      stopped=said == Status.TERMINATED or peer_gone, status=said, peer_gone=peer_gone)
     if lost_at is not None:
         return Ending(rank, lost_at, failed=True, stopped=False, status=Status.LOST)
     return None
@@ -63,18 +64,25 @@ def ending_of(rank: int, exit: RankExit | None, state: RankState | None,
 
 def first_failure(endings: Iterable[Ending]) -> Ending | None:
     """The rank that failed first: the earliest failure not caused by a stop signal, else the
-    earliest failure at all (a rank SIGKILLed from outside is the first cause of a teardown)."""
+    earliest failure to a signal (a rank SIGKILLed from outside is the first cause of a
+    teardown), else the earliest at all. A rank that failed because a peer was gone comes
+    after that peer whatever the clocks say: its exit is seen by another host's agent, and
+    the agents see exits a poll apart."""
     failed = sorted((e for e in endings if e.failed), key=lambda e: (e.time, e.rank))
     own = [e for e in failed if not e.stopped]
     if own:
         return own[0]
+    signalled = [e for e in failed if not e.peer_gone]
+    if signalled:
+        return signalled[0]
     return failed[0] if failed else None
 
 
 def resolved_status(ending: Ending, first: Ending | None) -> str:
     """The status word with job context: stopped (or failed for want of a peer) after another
     rank's failure = torn down: a victim of the teardown, not a cause."""
-    if first is not None and ending.stopped and ending.rank != first.rank and ending.time >= first.time:
+    after = ending.time >= first.time or (ending.peer_gone and not first.peer_gone) if first else False
+    if first is not None and ending.stopped and ending.rank != first.rank and after:
         return Status.TORN_DOWN
     return ending.status
 
