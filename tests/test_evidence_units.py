@@ -256,3 +256,26 @@ def test_only_the_newest_entries_are_unpickled_and_the_result_is_exact(long_real
         assert (tail is None) is (name == "dump_1"), name
         if tail is not None:
             assert [e["record_id"] for e in tail] == list(range(reader.total - 150, reader.total))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_fuzzed_long_dumps_read_the_newest_entries_or_raise_only_evidence_errors(
+        long_real_dumps: Path, data: st.DataObject) -> None:
+    """Damage in a dump long enough for the tail shortcut: a one-line refusal or a dump, never
+    another exception, and whatever the shortcut returns is what unpickling all of it gives."""
+    raw = bytearray((long_real_dumps / "dump_0").read_bytes())
+    for _ in range(data.draw(st.integers(1, 6))):
+        at = data.draw(st.integers(len(raw) // 2, len(raw) - 1))  # among the newest entries
+        raw[at] = data.draw(st.integers(0, 255))
+    damaged = bytes(raw)
+    try:
+        fast = frdump.normalise(frdump._decode(damaged)[0], path="/x/rank_0", fmt="fuzz")
+    except EvidenceError as exc:
+        assert "\n" not in str(exc)
+        return
+    try:
+        full = frdump.normalise(safe_pickle.loads(damaged), path="/x/rank_0", fmt="fuzz")
+    except EvidenceError:
+        return  # the whole file cannot be read where the newest part could: no comparison
+    assert fast.entries == full.entries
