@@ -131,3 +131,29 @@ def _beat(*endpoints: NodeEndpoint) -> bool:
     for endpoint in endpoints:
         endpoint.publish(AgentBeat(time=time.time(), host="n", ranks=[]), news=True)
     return False
+
+
+def test_a_silent_agent_is_lost_from_when_it_last_spoke_a_beating_one_never(
+        monkeypatch: pytest.MonkeyPatch, agents: tuple[NodeEndpoint, NodeEndpoint, OlderAgent]) -> None:
+    """A node that loses its link closes no connection: its beats just stop. It is lost once
+    silent and unreachable long enough, its ranks' end dated to its last beat; a peer that
+    goes on beating is never lost."""
+    monkeypatch.setattr(exchange_mod, "SILENT_AFTER_S", 1.0)
+    monkeypatch.setattr(exchange_mod, "NODE_LOST_AFTER_S", 1.0)
+    monkeypatch.setattr(exchange_mod, "RETRY_S", 0.5)
+    b, c, _older = agents
+    told: list[Event] = []
+    ex = Exchange(JOB, TOKEN, told.append, ("127.0.0.1", 9))
+    ex.start(None)
+    try:
+        ex.add_endpoints(_endpoints(b.port, [2, 3], "node-b") + _endpoints(c.port, [4, 5], "node-c"), 6)
+        peer_b, peer_c = ex.peers[("127.0.0.1", b.port)], ex.peers[("127.0.0.1", c.port)]
+        wait_until(lambda: peer_b.heard_at > 0 or _beat(b), 10.0, "node b's beat")
+        last_beat = peer_b.heard_at
+        # Node b falls silent (connected, nothing more); node c beats on until b is declared.
+        wait_until(lambda: peer_b.declared_lost or _beat(c), 20.0, "node b taken for lost")
+        assert not peer_c.declared_lost and peer_c.lost_since is None
+        lost = [e for e in told if isinstance(e, RankExit) and e.cause == "node_lost"]
+        assert sorted(e.rank for e in lost) == [2, 3] and all(e.time == last_beat for e in lost), lost
+    finally:
+        ex.close()

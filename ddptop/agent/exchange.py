@@ -54,7 +54,8 @@ BEAT_S = 2.0  # an agent's beat to the others
 # A peer agent silent this long (no beat) is looked at as lost: a node that loses power or its
 # link closes no connection, its beats just stop.
 SILENT_AFTER_S = 4 * BEAT_S
-NODE_LOST_AFTER_S = 6.0  # lost (closed or silent), not back, no closing beat, this long: its node is lost
+# Closed or silent, no goodbye, and not back (beat or news) for this long: its node is lost.
+NODE_LOST_AFTER_S = 6.0
 RETRY_S = 2.0  # a lost peer agent is tried again this often
 DISCOVER_S = 1.0  # the store is read this often until every rank's endpoint is known
 STORE_TIMEOUT_S = 3.0
@@ -91,7 +92,8 @@ class PeerAgent:
     ranks: list[int]
     heard_at: float = 0.0  # wall clock of its last beat or news
     ended: bool = False  # it said its part of the job ended
-    lost_since: float | None = None  # connection lost (wall clock), not yet back
+    lost_since: float | None = None  # taken for lost at (wall clock): closed or silent, not yet back
+    gone_at: float = 0.0  # when it went: its connection closed, or its last beat
     retry_at: float = 0.0
     declared_lost: bool = False
     refused: str = ""  # why it cannot exchange with us
@@ -240,8 +242,8 @@ class Exchange:
                 if peer.ended or peer.declared_lost or peer.refused:
                     continue
                 if peer.lost_since is None and peer.heard_at and now - peer.heard_at >= SILENT_AFTER_S:
-                    peer.lost_since = peer.heard_at  # its beats stopped: gone since it last spoke
-                    peer.retry_at = now
+                    # Its beats stopped: gone since it last spoke, lost if it stays unreachable.
+                    peer.lost_since, peer.gone_at, peer.retry_at = now, peer.heard_at, now
                 if peer.lost_since is None:
                     continue
                 if now - peer.lost_since >= NODE_LOST_AFTER_S and peer.heard_at:
@@ -264,15 +266,15 @@ class Exchange:
 
     def _declare_lost(self, peer: PeerAgent) -> None:
         """Its node vanished: every rank of it without a known ending is lost with it."""
-        assert peer.lost_since is not None
+        gone = peer.gone_at or peer.lost_since or self._clock()
         for rank in peer.ranks:
             if rank in peer.ranks_ended:
                 continue
             if rank in peer.steps:  # the step it was last seen at, as its agent's last beat said
                 state = RankState(rank=rank, local_rank=-1, world_size=self.world_size, host=peer.node,
-                                  pid=0, job_id=self.job_id, time=peer.lost_since, step=peer.steps[rank])
-                self._on_news(RecordEntry(time=peer.lost_since, rank=rank, message=StateMsg(state=state)))
-            self._on_news(RankExit(time=peer.lost_since, rank=rank, pid=0,
+                                  pid=0, job_id=self.job_id, time=gone, step=peer.steps[rank])
+                self._on_news(RecordEntry(time=gone, rank=rank, message=StateMsg(state=state)))
+            self._on_news(RankExit(time=gone, rank=rank, pid=0,
                                    host=peer.node or peer.endpoint.host, cause="node_lost"))
         log.warning("ddptop agent: node %s (%s) lost: its agent and ranks %s unreachable for %.0f s",
                     peer.node, peer.endpoint.host, _span(peer.ranks), NODE_LOST_AFTER_S)
@@ -293,7 +295,7 @@ class Exchange:
                                                                             NOT_THE_RANK)):
                     peer.refused = event.reason  # alive, but not ours to hear: no lost node
                 elif event.status == LOST and peer.lost_since is None and not peer.ended:
-                    peer.lost_since = self._clock()
+                    peer.lost_since = peer.gone_at = self._clock()
                     peer.retry_at = peer.lost_since + RETRY_S
                 return  # the agent's connection, not the rank's: never recorded as the rank's loss
             peer.heard_at = self._clock()
