@@ -157,3 +157,19 @@ def test_a_silent_agent_is_lost_from_when_it_last_spoke_a_beating_one_never(
         assert sorted(e.rank for e in lost) == [2, 3] and all(e.time == last_beat for e in lost), lost
     finally:
         ex.close()
+
+
+def test_an_agent_with_another_token_is_noted_never_lost(quick: None) -> None:
+    other = NodeEndpoint("127.0.0.1", 0, "not-this-jobs-token", JOB, catch_up=list, ask=lambda c, t: [],
+                         news_catch_up=list)
+    ex = Exchange(JOB, TOKEN, lambda e: None, ("127.0.0.1", 9))
+    ex.start(None)
+    try:
+        ex.add_endpoints(_endpoints(other.port, [2, 3], "node-x"), 4)
+        peer = ex.peers[("127.0.0.1", other.port)]
+        wait_until(lambda: any("node-x" in n and "refused" in n for n in ex.notes), 10.0, "the refusal noted")
+        assert peer.refused and ex.settled()
+        assert not peer.declared_lost and peer.lost_since is None
+    finally:
+        ex.close()
+        other.close()

@@ -286,6 +286,7 @@ class Exchange:
         return self.peers.get(where) if where is not None else None
 
     def _event(self, event: Event) -> None:
+        refused = ""
         with self._lock:
             peer = self._peer_of_rank(event.rank)
             if peer is None:
@@ -293,16 +294,20 @@ class Exchange:
             if isinstance(event, ConnectionEvent):
                 if event.status == LOST and any(w in event.reason for w in (TOKEN_MISSING, TOKEN_REFUSED,
                                                                             NOT_THE_RANK)):
-                    peer.refused = event.reason  # alive, but not ours to hear: no lost node
+                    refused = peer.refused = event.reason  # alive, but not ours to hear: no lost node
                 elif event.status == LOST and peer.lost_since is None and not peer.ended:
                     peer.lost_since = peer.gone_at = self._clock()
                     peer.retry_at = peer.lost_since + RETRY_S
-                return  # the agent's connection, not the rank's: never recorded as the rank's loss
-            peer.heard_at = self._clock()
-            peer.lost_since = None
-            if isinstance(event, RankExit):
-                peer.ranks_ended.add(event.rank)
-        if isinstance(event, RecordEntry | RankExit):
+                node = peer.node or peer.endpoint.host
+            else:  # news: it lives
+                node = ""
+                peer.heard_at = self._clock()
+                peer.lost_since = None
+                if isinstance(event, RankExit):
+                    peer.ranks_ended.add(event.rank)
+        if refused:
+            self.note(f"the node agent of {node} refused this one ({refused[:120]}): another DDPTOP_TOKEN?")
+        if isinstance(event, RecordEntry | RankExit):  # the agent's connection is never the rank's loss
             self._on_news(event)
 
     def _on_agent_message(self, agent: Endpoint, message: AgentBeat | ErrorMsg) -> None:
