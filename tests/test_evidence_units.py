@@ -279,3 +279,16 @@ def test_fuzzed_long_dumps_read_the_newest_entries_or_raise_only_evidence_errors
     except EvidenceError:
         return  # the whole file cannot be read where the newest part could: no comparison
     assert fast.entries == full.entries
+
+
+def test_a_memo_bomb_is_refused_in_one_line_not_by_the_oom_killer(tmp_path: Path) -> None:
+    """A 4-byte memo index makes the C unpickler allocate and zero a table of that size (16 GB
+    here): refused as a MemoryError under the address-space cap, the process unharmed."""
+    bomb = tmp_path / "comm_lib_trace_rank_0"
+    bomb.write_bytes(b"\x80\x02}(X\x07\x00\x00\x00entries](}r\xff\xff\xff\x7f(eu.")
+    with pytest.raises(EvidenceError) as caught:
+        frdump.read_dump(bomb)
+    assert "MemoryError" in str(caught.value) and "\n" not in str(caught.value)
+    import resource
+
+    assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY  # restored

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import io
 import pickle
+import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,14 +50,42 @@ def loads(data: bytes, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
         raise EvidenceError(f"not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
+MAX_DECODE_GROWTH = 4 << 30  # address space one unpickle may add to the process
+
+
 @contextmanager
 def guarded() -> Iterator[None]:
-    """The collector paused while a dump is built: millions of small dicts and no cycles, it
-    would only walk them."""
+    """While a dump is built: the collector paused (millions of small dicts and no cycles, it
+    would only walk them) and the address space capped, so that a hostile memo index (a
+    4-byte LONG_BINPUT makes the C unpickler allocate and zero a table of that size: tens of
+    GB) is a MemoryError, not the OOM killer."""
     was_enabled = gc.isenabled()
     gc.disable()
+    restore = _cap_address_space(MAX_DECODE_GROWTH)
     try:
         yield
     finally:
+        if restore is not None:
+            try:
+                resource.setrlimit(resource.RLIMIT_AS, restore)
+            except (OSError, ValueError):
+                pass
         if was_enabled:
             gc.enable()
+
+
+def _cap_address_space(growth: int) -> tuple[int, int] | None:
+    """Lower RLIMIT_AS to the current size + *growth*; the limits to restore (None: unchanged)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/status", "rb") as fh:
+            size = next(int(line.split()[1]) * 1024 for line in fh if line.startswith(b"VmSize:"))
+        cap = size + growth
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        if soft != resource.RLIM_INFINITY and soft <= cap:
+            return None  # already as tight
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        return soft, hard
+    except (OSError, ValueError, StopIteration):
+        return None
