@@ -9,11 +9,12 @@ from __future__ import annotations
 import threading
 import time
 
+from ddptop.client.agents import Entry
 from ddptop.client.live import LiveSource
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, ErrorMsg, HistoryMsg, RankExit, RecordEntry, StateMsg
+from ddptop.protocol import ErrorMsg, HistoryMsg, RecordEntry, StateMsg
 
-Entry = RecordEntry | ConnectionEvent | RankExit
+__all__ = ["Entry", "ask_ranks", "model_catch_up"]
 
 
 def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Entry]:

@@ -4,8 +4,9 @@ A dump is one dict whose ``entries`` list holds up to ``TORCH_FR_BUFFER_SIZE`` (
 and a post-mortem compares only each group's last ones: building the other 95 % of the
 objects was most of the time of reading a set of 1024 dumps. Pickle has no index, but every
 entry of a dump starts the same way (an empty dict, maybe memoized, a mark, then its first
-key: the same string, written once and then fetched from the memo), so the entries' starts
-are found with one C-speed regular-expression pass, and the stream is cut there:
+key: the same string, written once and then fetched from the memo), so the entries are
+counted with one ``bytes.count`` and the newest found with ``rfind`` (C speed, no parse), and
+the stream is cut there:
 
 * the head (everything before the entries, plus the first few entries) is unpickled with the
   open containers closed, for the top-level fields and the memo (the strings that later
@@ -21,12 +22,11 @@ then unpickles the whole file. Both halves go through the same data-only unpickl
 from __future__ import annotations
 
 import io
-import pickle
 import re
 import struct
 from typing import Any
 
-from ddptop.evidence.safe_pickle import DataOnly, guarded
+from ddptop.evidence.safe_pickle import UNREADABLE, DataOnly, guarded
 
 _ENTRIES_KEY = b"X\x07\x00\x00\x00entries"
 _PUT = re.compile(rb"q[\s\S]|r[\s\S]{4}")  # BINPUT n | LONG_BINPUT n (memoizing what precedes)
@@ -124,8 +124,7 @@ class TailReader:
         return at
 
 
-_FAILURES = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-             MemoryError, OverflowError, UnicodeDecodeError, RecursionError)
+_FAILURES = (*UNREADABLE, RecursionError)
 
 
 def _dict_before(data: bytes, at: int) -> int:

@@ -22,6 +22,11 @@ from ddptop.errors import EvidenceError
 MAX_PICKLE_BYTES = 256 << 20
 
 
+# What the C unpickler raises on a damaged or hostile stream (every one a refusal, not a bug).
+UNREADABLE = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+              MemoryError, OverflowError, UnicodeDecodeError)
+
+
 class DataOnly(pickle.Unpickler):
     """An unpickler that refuses every global and persistent id."""
 
@@ -45,8 +50,7 @@ def loads(data: bytes, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
         raise
     except RecursionError:
         raise EvidenceError("refused: the pickle nests too deep") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            MemoryError, OverflowError, UnicodeDecodeError) as exc:
+    except UNREADABLE as exc:
         raise EvidenceError(f"not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
