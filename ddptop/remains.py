@@ -11,7 +11,9 @@ so it depends on the protocol and the standard library only.
 * ``<job>.<rank>.stuck``: written by the node agent, not the rank: where a rank that
   stopped answering is stuck (:class:`StuckReport`, msgpack), removed when it answers again;
 * ``<job>.<rank>.w<pid>.crash``: the same for a process forked from the rank (a DataLoader
-  worker), so that a worker's segfault is never read as the rank's own.
+  worker), so that a worker's segfault is never read as the rank's own;
+* ``<job>.<rank>.page``: the rank's progress counters, mapped shared while it runs
+  (:mod:`ddptop.progress_page`): its step, loaders and their lengths at the moment it died.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from ddptop import discovery
+from ddptop.progress_page import PAGE_BYTES, PageFacts, apply_page, read_page
 from ddptop.protocol import RankState, StuckReport, WorkerCrash
 
 MAX_CRASH_READ = 256 * 1024
@@ -93,6 +96,22 @@ def read_last_state(job_id: str, rank: int) -> RankState | None:
         return msgspec.msgpack.decode(data, type=RankState)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+def read_final_state(job_id: str, rank: int, pid: int, last_seen: RankState | None) -> RankState | None:
+    """All that is known of a rank that just died: its last words or, without them, its last
+    sample, with its progress page laid over (the step, loaders and lengths at its death)."""
+    state = read_last_state(job_id, rank) or last_seen
+    facts = read_progress_page(job_id, rank)
+    if state is None or facts is None or facts.pid != pid:
+        return state
+    return apply_page(state, facts)
+
+
+def read_progress_page(job_id: str, rank: int) -> PageFacts | None:
+    """The rank's progress page, if it left a whole one."""
+    data = discovery.private_read(discovery.record_path(job_id, rank, "page"), PAGE_BYTES)
+    return read_page(data) if data is not None else None
 
 
 def read_stuck(job_id: str, rank: int) -> StuckReport | None:

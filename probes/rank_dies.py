@@ -11,6 +11,8 @@ The ways of dying that a post-mortem must tell apart, chosen by PROBE_DEATH:
   while it loads a batch; the rank then gets torch's "DataLoader worker (pid N) is killed
   by signal: Segmentation fault" and fails. The worker's crash, not the rank's, is the cause.
 
+* ``sigkill``: that rank SIGKILLs itself right after that step, between two 1 Hz samples:
+  only its progress page tells the step it died at;
 * ``leak``: that rank allocates memory without end, as a leak would, until the OOM killer
   of the memory cgroup it runs in kills it (SIGKILL, no last words).
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import sys
 import time
 
@@ -147,6 +150,9 @@ def plant(rank: int, step: int, end: float) -> None:
             hoard.append(bytearray(b"x" * (32 << 20)))  # written, so resident
             time.sleep(0.01)
         sys.exit(3)  # never killed: end on our own, visibly not an OOM kill
+    if DEATH == "sigkill":
+        print(f"rank {rank}: step {step}: SIGKILL now (pid {os.getpid()})", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     if DEATH == "wait_for_kill":
         print(f"rank {rank}: step {step}: waiting to be killed (pid {os.getpid()})", flush=True)
         while time.monotonic() < end:

@@ -110,6 +110,19 @@ class RunningJob:
             time.sleep(0.1)
         raise AssertionError(f"the job never printed {pattern!r} within {timeout}s:\n{self.log()[-3000:]}")
 
+    def wait_log_all(self, pattern: str, count: int, timeout: float = 60.0) -> list[tuple[str, ...]]:
+        """Wait (bounded) until *pattern* matches *count* times in the job's output; the groups."""
+        self.wait_log(pattern, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        while True:
+            found = [m.groups() for m in rx.finditer(self.log())]
+            if len(found) >= count or time.monotonic() >= deadline or self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(found) >= count, f"{pattern!r}: {len(found)} matches, not {count}:\n{self.log()[-3000:]}"
+        return found
+
     def wait(self, timeout: float = 60.0) -> int:
         """Wait for the job to end by itself (bounded); return its exit code."""
         return self.proc.wait(timeout=timeout)

@@ -176,3 +176,48 @@ def test_install_without_launcher_keeps_a_black_box_too(job_runner: JobRunner) -
     f = first(ended_doctor(job))
     assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
     assert_victims(job, culprit=2)
+
+
+def replay_steps(job: RunningJob) -> dict[int, int]:
+    """Each rank's step in the replay's last frame (`ddptop replay --info JOB`)."""
+    info = job.run_cli("replay", "--info", job.job_id)
+    assert info.returncode == 0, info.stderr
+    line = next(ln for ln in info.stdout.splitlines() if ln.startswith("steps at the end: "))
+    pairs = (item.split("=") for item in line.removeprefix("steps at the end: ").split(", "))
+    return {int(r): int(s) for r, s in pairs}
+
+
+def test_sigkill_between_samples_keeps_the_step_it_died_at(job_runner: JobRunner) -> None:
+    """A rank that dies of SIGKILL right after a step, with samples a second apart: only its
+    progress page knows the step (its last sample is older); the record must say that step."""
+    env = {"PROBE_DEATH": "sigkill", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "60",
+           "PROBE_STEP_SLEEP": "0"}
+    job = job_runner.start("rank_dies", nproc=4, interval=1.0, env=env)
+    step = int(job.wait_log(r"rank 2: step (\d+): SIGKILL now", timeout=60).group(1))
+    f = first(ended_doctor(job))
+    assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
+    assert replay_steps(job)[2] == step
+
+
+def test_unequal_validation_loaders_abort_named_with_lengths_and_ops(job_runner: JobRunner) -> None:
+    """#20: rank 3 has one validation batch more; its extra metric all-reduce meets the
+    others' next gradient all-reduce and gloo aborts it (SIGABRT) within a second of its
+    first validation pass: no last words, no sample of the validation loader. The record
+    still names the rank with the extra batch, the loaders' lengths and both sides' ops, and
+    the replay ends with every rank at the step where it died."""
+    job = job_runner.start("unequal_eval", nproc=4, interval=1.0)
+    steps = {int(m[0]): int(m[1]) for m in job.wait_log_all(r"rank (\d): step (\d+): validating", 4,
+                                                               timeout=90)}
+    findings = ended_doctor(job)
+    by_kind = {f["kind"]: f for f in findings}
+    mismatch = findings[0]
+    assert (mismatch["kind"], mismatch["ranks"]) == ("collective_mismatch", [3]), findings
+    assert "expected 4 bytes" in mismatch["title"] and "gloo:all_reduce" in mismatch["title"], mismatch
+    assert "batch 14 of evaluation loader #1" in mismatch["title"], json.dumps(findings, indent=1)
+    assert any("13 batches on ranks 0-2" in line for line in mismatch["evidence"]), mismatch
+    evaluation = by_kind["unequal_eval_batches"]
+    assert evaluation["ranks"] == [3], evaluation
+    assert evaluation["evidence"] == ["batches per pass: rank 0: 13, rank 1: 13, rank 2: 13, rank 3: 14"]
+    lost = by_kind["rank_lost"]
+    assert (lost["ranks"][0], lost["step"]) == (3, steps[3]), lost
+    assert replay_steps(job) == steps

@@ -342,8 +342,10 @@ class NodeAgent:
             return  # a previous incarnation of a restarted rank
         with self._lock:
             self._heard(gone.key, gone.time, final=True)
-        state = remains.read_last_state(self.job_id, gone.key)
-        if state is not None:
+            view = self.model.ranks.get(gone.key)
+            seen = view.state if view is not None else None
+        state = remains.read_final_state(self.job_id, gone.key, gone.pid, seen)
+        if state is not None and state is not seen:
             self._event(RecordEntry(time=gone.time, rank=gone.key, message=StateMsg(state=state)))
         self._record_crash_file(gone.key)
         oom = self._memory.verdict(gone.key, gone.pid, gone.signal)

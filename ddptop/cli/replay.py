@@ -37,6 +37,8 @@ def describe(source: ReplaySource) -> str:
         f"written by ddptop {m.ddptop_version} at {created}",
         f"{len(source.contents.events)} events over {span:.1f} s; "
         f"ranks at the end: {', '.join(f'{r}={s}' for r, s in statuses.items()) or 'none'}",
+        "steps at the end: " + (", ".join(f"{r}={v.state.step}" for r, v in sorted(model.ranks.items())
+                                          if v.state is not None) or "none"),
     ]
     if m.unanswered:
         lines.append("did not answer: " + ", ".join(f"{r} ({w})" for r, w in sorted(m.unanswered.items())))

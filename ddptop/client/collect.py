@@ -23,6 +23,7 @@ from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
+from ddptop.progress_page import apply_page
 from ddptop.protocol import (
     ConnectionEvent,
     FrameStack,
@@ -32,7 +33,7 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.remains import crash_signal, read_stuck
+from ddptop.remains import crash_signal, read_progress_page, read_stuck
 from ddptop.status import FINAL, Status
 from ddptop.textfmt import rank_ranges
 
@@ -89,6 +90,9 @@ def last_words(endpoint: Endpoint) -> RankState:
         state = RankState(rank=endpoint.rank, local_rank=-1, world_size=endpoint.world_size,
                           host=endpoint.node or endpoint.host, pid=endpoint.pid,
                           job_id=endpoint.job_id, status=Status.LOST, time=time.time())
+        page = read_progress_page(endpoint.job_id, endpoint.rank)
+        if page is not None:  # no last words: its step and loaders at its death, from its page
+            state = apply_page(state, page)
     crash = discovery.record_path(endpoint.job_id, endpoint.rank, "crash")
     fatal = crash_signal(crash)
     if fatal:

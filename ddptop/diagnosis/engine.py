@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ddptop.diagnosis import (
     rules_collectives,
     rules_identity,
+    rules_last_words,
     rules_postmortem,
     rules_progress,
     rules_system,
@@ -29,6 +30,8 @@ Rule = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], 
 RULES: tuple[Rule, ...] = (
     rules_wavefront.collective_wavefront,
     rules_collectives.collective_mismatch,
+    rules_last_words.gloo_size_mismatch,
+    rules_last_words.watchdog_timeout,
     rules_postmortem.collective_divergence,
     rules_postmortem.node_lost,
     rules_postmortem.rank_lost,

@@ -4,6 +4,9 @@ Two parts of the log tell it (torch 2.x):
 
 * the ranks' own tracebacks, prefixed ``[default1]:[rank1]: `` (``--tee``/``--redirects``, or
   the default since torch 2.2 for uncaught exceptions), the exception's line last;
+* NCCL's watchdog line, ``[rank1]:[E... ProcessGroupNCCL.cpp:N] [Rank 1] Watchdog caught
+  collective operation timeout: WorkNCCL(SeqNum=..., OpType=..., NumelIn=..., ...) ran for
+  ... milliseconds before timing out.``: the op that timed out is that rank's cause;
 * torchelastic's summary after a failure (``ChildFailedError``)::
 
       Root Cause (first observed failure):
@@ -63,6 +66,12 @@ def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
     tracebacks = _rank_tracebacks(lines)
     summary = _attribute_terminate(_summary(lines, str(p)), lines)
     out: dict[int, RankFailure] = {f.rank: f for f in summary}
+    for rank, said in _watchdog_lines(lines).items():
+        known = out.get(rank)
+        if known is None:
+            out[rank] = RankFailure(rank=rank, source=str(p), message=said)
+        elif "Watchdog caught" not in known.message:  # the timeout is the cause; "died of SIGABRT" is not
+            out[rank] = msgspec.structs.replace(known, message=said)
     for rank, tb in tracebacks.items():
         message = _exception_line(tb)
         known = out.get(rank)
@@ -96,6 +105,23 @@ def _attribute_terminate(failures: list[RankFailure], lines: list[str]) -> list[
 def _enforce_text(text: str) -> str:
     # "[enforce fail at .../pair.cc:446] op.preamble.length <= op.nbytes. 1092 vs 4": the check, not the path
     return re.sub(r"^\[enforce fail at [^\]]{0,300}\]\s*", "gloo enforce failed: ", text)[:400]
+
+
+_WATCHDOG = re.compile(r"\[Rank \d{1,7}\] Watchdog caught collective operation timeout: .{1,600}$")
+
+
+def _watchdog_lines(lines: list[str]) -> dict[int, str]:
+    """NCCL's watchdog line of each rank (its first), without the launcher's prefix: it names
+    the op, its seq and size that timed out, and prefixed lines carry the rank."""
+    out: dict[int, str] = {}
+    for line in lines:
+        if "Watchdog caught" not in line:
+            continue
+        m = _PREFIXED.match(line)
+        said = _WATCHDOG.search(line)
+        if m and said and int(m.group(1)) not in out:
+            out[int(m.group(1))] = said.group(0)[:500]
+    return out
 
 
 def _rank_tracebacks(lines: list[str]) -> dict[int, list[str]]:

@@ -126,6 +126,8 @@ class JobModel:
         if isinstance(message, StateMsg):
             st = message.state
             view = self.view(st.rank)
+            if view.state is not None and is_stub(st) and st.pid == view.state.pid:
+                st = ended_over(view.state, st)
             view.version += 1
             t = at if at is not None else st.time
             view.state, view.received_at = st, t
@@ -249,6 +251,25 @@ class JobModel:
     def histories(self) -> dict[int, list[Sample]]:
         """Every rank's samples, oldest first."""
         return {r: list(v.history) for r, v in sorted(self.ranks.items())}
+
+
+def is_stub(state: RankState) -> bool:
+    """A state a viewer made for a rank that could not tell (``local_rank`` -1): how it ended,
+    from what it left on disk, with none of its numbers."""
+    return state.local_rank < 0
+
+
+def ended_over(known: RankState, stub: RankState) -> RankState:
+    """*known* (the rank's last sample or words) with the end a *stub* tells: a stub never
+    erases what is known of a rank (its step, loaders, collectives, memory). Progress the
+    stub has from the rank's progress page (a later step) wins."""
+    fields: dict[str, object] = {"status": stub.status, "time": max(known.time, stub.time),
+                                 "exit_reason": stub.exit_reason or known.exit_reason,
+                                 "crash_file": stub.crash_file or known.crash_file}
+    if stub.step > known.step or (stub.loaders and stub.step == known.step):
+        fields.update(step=stub.step, last_step_at=stub.last_step_at, epoch=stub.epoch, batch=stub.batch,
+                      batches_per_epoch=stub.batches_per_epoch, loaders=stub.loaders or known.loaders)
+    return msgspec.structs.replace(known, **fields)
 
 
 def _append_sample(history: deque[Sample], st: RankState) -> None:

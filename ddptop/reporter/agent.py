@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from ddptop import auth, discovery, job_token
+from ddptop.progress_page import ProgressPage
 from ddptop.protocol import (
     ErrorMsg,
     FrTraceMsg,
@@ -99,6 +100,7 @@ class Reporter:
         token = auth.token_for_bind(cfg.bind, cfg.token or (self._job_token() if local else None))
         self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
+        self._attach_page()
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
         self.sigterm.install()
         advertise = advertise_address(cfg.bind, cfg.advertise, os.environ.get("MASTER_ADDR"))
@@ -111,6 +113,17 @@ class Reporter:
         atexit.register(self.shutdown)
         self._thread = threading.Thread(target=self._run, name="ddptop-reporter", daemon=True)
         self._thread.start()
+
+    def _attach_page(self) -> None:
+        """The progress page the node agent reads after a death no last words follow."""
+        path = discovery.record_path(self.config.job_id, self.config.rank, "page")
+        try:
+            page = ProgressPage.create(path, self.config.rank, time.time() - time.perf_counter())
+        except (OSError, ValueError) as exc:  # the counters stay in private memory
+            self._count_error(exc)
+            return
+        self.progress.attach_page(page)
+        os.register_at_fork(after_in_child=self.progress.detach_page)
 
     def _job_token(self) -> str | None:
         """The job's own token (generated once per job and host): safe by default. Without

@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ddptop.progress_page import L_BATCH, L_COMPLETED, L_LAST_PC_F, PAGE_LOADERS, loader_base
+
 if TYPE_CHECKING:
     from ddptop.reporter.progress import Progress
 
@@ -28,8 +30,8 @@ MAX_LOADERS = 32  # records kept per rank: loaders re-created every epoch must n
 class LoaderRecord:
     """Counters of one DataLoader object (written by the training thread)."""
 
-    __slots__ = ("batch", "batch_size", "completed", "completed_pass", "index", "iterator",
-                 "last_pc", "length", "loader", "name", "passes", "steps")
+    __slots__ = ("base", "batch", "batch_size", "completed", "completed_pass", "index", "iterator",
+                 "last_pc", "length", "loader", "name", "passes", "slot", "steps")
 
     def __init__(self, index: int, loader: Any) -> None:
         self.index = index  # order of first iteration on this rank: the same on every rank
@@ -46,6 +48,8 @@ class LoaderRecord:
         self.batch = 0  # batches yielded in the current pass
         self.steps = 0  # optimizer steps this loader's batches fed
         self.last_pc = 0.0  # perf_counter of its latest batch
+        self.slot = index % PAGE_LOADERS  # its record on the progress page (the newest 16 loaders)
+        self.base = loader_base(self.slot)
 
     def end_of_pass(self) -> None:
         """StopIteration from this loader's iterator: count the pass once."""
@@ -128,13 +132,15 @@ def make_next(original_next: Callable[[Any], Any], p: Progress) -> Callable[...,
             rec = self._ddptop_rec
             if rec is not None:
                 rec.end_of_pass()
+                _p.page_ints[rec.base + L_COMPLETED] = rec.completed
             raise
         t1 = _perf()
         _p.wait_total += t1 - t0
         rec = self._ddptop_rec
         if rec is not None:
-            rec.batch = self._num_yielded
-            rec.last_pc = t1
+            # Mirrored into the progress page, which outlives the rank (two stores).
+            rec.batch = _p.page_ints[rec.base + L_BATCH] = self._num_yielded
+            rec.last_pc = _p.page_floats[rec.base + L_LAST_PC_F] = t1
             _p.last_rec = rec
             _p.batch_seq += 1
         return batch
@@ -155,11 +161,18 @@ def start_pass(p: Progress, loader: Any, it: Any) -> None:
         rec.length = len(loader)
     except TypeError:  # IterableDataset without __len__
         rec.length = None
+    page_loader(p, rec)
     p.last_started = rec
     # The RNG fingerprint is taken when the training loader starts a pass (before the
     # first step, when no loader has fed a step yet, any loader's pass counts).
     if p.on_epoch_start is not None and (p.train_rec is None or p.train_rec is rec):
         p.on_epoch_start(rec.passes - 1)
+
+
+def page_loader(p: Progress, rec: LoaderRecord) -> None:
+    """Write *rec* in full into the progress page (cold path: a pass begins)."""
+    p.page.write_loader(rec.slot, rec.index, rec.name, rec.length, rec.passes, rec.completed, rec.batch,
+                        rec.steps, rec.batch_size)
 
 
 def choose_training(records: list[LoaderRecord], steps_before: dict[int, int],

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddptop.reporter.loaders import LoaderRecord, patch_dataloader
+from ddptop.progress_page import L_STEPS, LAST_STEP_PC_F, STEP, TRAIN_INDEX, ProgressPage
+from ddptop.reporter.loaders import LoaderRecord, page_loader, patch_dataloader
 
 _perf = time.perf_counter
 
@@ -36,6 +37,9 @@ class Progress:
         "on_wrap",
         "optimizer_calls",
         "optimizer_id",
+        "page",
+        "page_floats",
+        "page_ints",
         "step",
         "step_batch_seq",
         "train_rec",
@@ -58,6 +62,11 @@ class Progress:
         self.optimizer_calls = 0  # optimizer.step() calls, counted or not
         self.optimizer_id = 0
         self.hook_errors = 0
+        # Where the hooks mirror their counters: private memory until the reporter attaches
+        # the rank's page file (:meth:`attach_page`), which outlives the rank.
+        self.page = ProgressPage.private()
+        self.page_ints = self.page.ints
+        self.page_floats = self.page.floats
         # Set by the agent: called on the training thread (cold paths only).
         self.on_epoch_start: Callable[[int], None] | None = None
         self.on_wrap: Callable[[str, Any, Any], None] | None = None
@@ -67,11 +76,25 @@ class Progress:
         now = _perf()
         if not self.step:
             self.first_step_pc = now
-        self.last_step_pc = now
-        self.step += 1
+        self.last_step_pc = self.page_floats[LAST_STEP_PC_F] = now
+        self.step = self.page_ints[STEP] = self.step + 1
         self.step_batch_seq = self.batch_seq
         if self.last_rec is not None:
             self.train_rec = self.last_rec
+            self.page_ints[TRAIN_INDEX] = self.last_rec.index + 1
+
+    def attach_page(self, page: ProgressPage) -> None:
+        """Mirror the counters into *page* from now on (and what they hold so far)."""
+        page.ints[STEP], page.floats[LAST_STEP_PC_F] = self.step, self.last_step_pc
+        page.ints[TRAIN_INDEX] = self.train_rec.index + 1 if self.train_rec is not None else 0
+        self.page, self.page_ints, self.page_floats = page, page.ints, page.floats
+        for rec in list(self.loaders):
+            page_loader(self, rec)
+
+    def detach_page(self) -> None:
+        """Back to private memory (a forked child must not write its parent's page)."""
+        self.page = ProgressPage.private()
+        self.page_ints, self.page_floats = self.page.ints, self.page.floats
 
     # Derived on the reporter thread, so the hot path stores one timestamp per step:
     # the sum of the step intervals is simply last - first, and wall-clock times are
@@ -113,7 +136,8 @@ def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any, _p: Progress = 
         rec = _p.last_rec
         _p.train_rec = rec
         if rec is not None:
-            rec.steps += 1
+            rec.steps = _p.page_ints[rec.base + L_STEPS] = rec.steps + 1
+            _p.page_ints[TRAIN_INDEX] = rec.index + 1
     elif _id(optimizer) != _p.optimizer_id:
         if _p.optimizer_id:
             return
@@ -121,8 +145,8 @@ def _optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any, _p: Progress = 
     now = _perf()
     if not _p.step:
         _p.first_step_pc = now
-    _p.last_step_pc = now
-    _p.step += 1
+    _p.last_step_pc = _p.page_floats[LAST_STEP_PC_F] = now  # mirrored: the page outlives the rank
+    _p.step = _p.page_ints[STEP] = _p.step + 1
 
 
 def install_torch_patches(torch_module: Any, teardown_yield_s: float = 0.05) -> list[str]:
