@@ -253,6 +253,14 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
 
     rows: list[tuple[str, float, float]] = []
     p = progress.PROGRESS
+    # The hooks mirror their counters into the rank's progress page (a shared file mapping)
+    # as they do inside a rank: attach a real one, not the private fallback.
+    attach = getattr(p, "attach_page", None)
+    if attach is not None:
+        from ddptop.progress_page import ProgressPage
+
+        page_dir = tempfile.mkdtemp(prefix="ddptop-bench-page-")
+        attach(ProgressPage.create(Path(page_dir) / "bench.0.page", 0, time.time() - time.perf_counter()))
     base = dl._BaseDataLoaderIter
     assert not getattr(base, "_ddptop_patched", False), "run the bench outside ddptop launch"
 

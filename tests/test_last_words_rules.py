@@ -102,3 +102,34 @@ def test_no_last_words_about_collectives_no_finding_and_the_engine_runs_them() -
     snap = build_snapshot("j", 4, [ended(0, ENFORCE, status="crashed"),
                                    ended(1, "x", collectives=last_op(3, 273))], {}, NOW)
     assert diagnose(snap, {}, NOW)[0].kind == "collective_mismatch"
+
+
+def test_a_victims_lost_connection_names_the_host_and_ranks_at_that_address() -> None:
+    """Ranks 0-1 on host-a failed with gloo's "Connection closed by peer [192.0.2.2]:port"; the
+    job's store put ranks 2-3 at 192.0.2.2 on host-b. With host-b's ranks in the record, the
+    victims' words are joined to them; without them (the agents could not exchange), the
+    finding still names host-b and its ranks, not a local victim."""
+    from ddptop.diagnosis.rules_postmortem import rank_lost
+
+    closed = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+              "[192.0.2.2]:{port}")
+    victims = [RankState(rank=r, local_rank=r, world_size=4, host="host-a", pid=10 + r, time=NOW - 5,
+                         step=7, status="crashed", exit_reason=closed.format(port=40000 + r),
+                         exited_at=NOW - 5 + r * 0.1, exit_code=1) for r in (0, 1)]
+    places = {0: ("host-a", "192.0.2.1"), 1: ("host-a", "192.0.2.1"), 2: ("host-b", "192.0.2.2"),
+              3: ("host-b", "192.0.2.2")}
+    alone = build_snapshot("j", 4, victims, {2: "never seen", 3: "never seen"}, NOW, places)
+    (f,) = rank_lost(alone, {}, NOW, DiagnosisConfig())
+    assert f.ranks == [2, 3] and "lost their connection to host-b (192.0.2.2)" in f.title, f
+    assert "rank 0 lost its connection to 192.0.2.2:40000: that is host-b (192.0.2.2), where ranks 2-3 ran" \
+        in f.evidence, f.evidence
+    killed = [RankState(rank=r, local_rank=r - 2, world_size=4, host="host-b", pid=10 + r, time=NOW - 6,
+                        step=7, status="crashed", exit_signal="SIGKILL", exited_at=NOW - 6) for r in (2, 3)]
+    whole = build_snapshot("j", 4, victims + killed, {}, NOW, places)
+    (g,) = rank_lost(whole, {}, NOW, DiagnosisConfig())
+    assert g.ranks[0] == 2 and "host-b" in g.title and "SIGKILL" in g.title, g
+    assert any(line.startswith("rank 1 lost its connection to 192.0.2.2:40001") for line in g.evidence), g
+    # Without the store's word, an address is only an address: no host is made up.
+    bare = build_snapshot("j", 4, victims, {2: "never seen", 3: "never seen"}, NOW)
+    (h,) = rank_lost(bare, {}, NOW, DiagnosisConfig())
+    assert h.ranks == [2, 3] and "host-b" not in h.title and not any("that is" in e for e in h.evidence)

@@ -159,6 +159,11 @@ def test_one_hosts_ranks_killed_every_survivor_names_them_and_their_host(three_h
         own = {2 * i, 2 * i + 1}
         assert not own & set(first["ranks"][:2]), first
         assert any("torn down" in line for line in first["evidence"]), first["evidence"]
+        # A victim's "Connection closed by peer [addr]:port" is joined to the host the job's
+        # store put at that address (#20 item 2).
+        mapped = [line for line in first["evidence"] if "lost its connection to" in line]
+        assert any(f"that is {b.hostname} ({b.address}), where ranks 2-3 ran" in line for line in mapped), \
+            first["evidence"]
         assert not [f for f in doc["findings"] if f["kind"] == "node_lost"], doc["findings"]
         assert "exchanged news with 2 of 2" in job.record(i)["exchange"]
 

@@ -114,6 +114,7 @@ class Exchange:
         self._lock = threading.Lock()
         self.peers: dict[tuple[str, int], PeerAgent] = {}  # guarded by _lock
         self._rank_agent: dict[int, tuple[str, int]] = {}
+        self._places: dict[int, tuple[str, str]] = {}  # rank -> (host name, address), from the store
         self.world_size = 0
         self.notes: list[str] = []  # what made the exchange impossible or partial
         self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[], via_agents=True),
@@ -203,9 +204,16 @@ class Exchange:
             return
         self.add_endpoints(endpoints, world)
 
+    def places(self) -> dict[int, tuple[str, str]]:
+        """Each rank's host name and address, as the job's store published them."""
+        with self._lock:
+            return dict(self._places)
+
     def add_endpoints(self, endpoints: list[Endpoint], world: int) -> None:
         """Ranks' endpoints as published in the job's store: subscribe to each new agent."""
         self.world_size = max(self.world_size, world)
+        with self._lock:
+            self._places.update((e.rank, (e.node, e.host)) for e in endpoints if e.job_id == self.job_id)
         by_agent: dict[tuple[str, int], list[Endpoint]] = {}
         for endpoint in endpoints:
             if endpoint.job_id != self.job_id or endpoint.via_agent is None:

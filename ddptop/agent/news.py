@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ddptop.agent.exchange import BEAT_S, Exchange
+from ddptop.bundle.format import ADDRESS_FACT, Frame, HostFacts
 from ddptop.discovery import Endpoint
 from ddptop.protocol import AgentBeat
-from ddptop.source import Event
 
 if TYPE_CHECKING:
     from ddptop.agent.endpoint import Entry, NodeEndpoint
@@ -31,7 +31,7 @@ SETTLE_S = 10.0  # at the end, how long the other agents may still tell how thei
 class NodeNews:
     """This node's news (for the other agents) and the exchange that brings theirs."""
 
-    def __init__(self, job_id: str, host: str, on_remote: Callable[[Event], None]) -> None:
+    def __init__(self, job_id: str, host: str, on_remote: Callable[[Frame], None]) -> None:
         self.job_id = job_id
         self.host = host
         self._endpoint: NodeEndpoint | None = None
@@ -41,6 +41,7 @@ class NodeNews:
         self._told: list[Entry] = []
         self._beat_at = 0.0
         self.exchange: Exchange | None = None
+        self._places: dict[int, tuple[str, str]] = {}  # rank -> (host name, address) told so far
 
     def serve(self, endpoint: NodeEndpoint, token: str | None) -> None:
         """Tell the news through *endpoint* (the node's one endpoint); until then, nothing is."""
@@ -48,6 +49,7 @@ class NodeNews:
 
     def rank_found(self, endpoint: Endpoint) -> None:
         """With the first local rank of a multi-node job: find the other agents in its store."""
+        self._tell_places({endpoint.rank: (endpoint.node, endpoint.host)})
         if self.exchange is not None or self._endpoint is None or endpoint.agent_port != self._endpoint.port:
             return
         env = rank_environ(endpoint.pid)
@@ -76,12 +78,25 @@ class NodeNews:
 
     def beat(self, steps: dict[int, int]) -> None:
         """Tell the other agents this one lives, with each local rank's step (every BEAT_S)."""
+        if self.exchange is not None:
+            self._tell_places(self.exchange.places())
         if self._endpoint is None or time.monotonic() - self._beat_at < BEAT_S:
             return
         self._beat_at = time.monotonic()
         ranks = sorted(steps)
         self._endpoint.publish(AgentBeat(time=time.time(), host=self.host, ranks=ranks,
                                          steps=[steps[r] for r in ranks]), news=True)
+
+    def _tell_places(self, places: dict[int, tuple[str, str]]) -> None:
+        """Where ranks run, as the job's store published it, into this node's record (once per
+        change): a victim's "Connection closed by peer [addr]" then names a host and its ranks."""
+        new = {rank: place for rank, place in places.items() if place[1] and self._places.get(rank) != place}
+        self._places.update(new)
+        by_place: dict[tuple[str, str], list[int]] = {}
+        for rank, place in new.items():
+            by_place.setdefault(place, []).append(rank)
+        for (node, address), ranks in sorted(by_place.items()):
+            self._on_remote(HostFacts(host=node, ranks=sorted(ranks), facts={ADDRESS_FACT: address}))
 
     def summary(self) -> str:
         """The exchange in one line, for job.json ("" on one node)."""

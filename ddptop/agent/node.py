@@ -41,7 +41,7 @@ from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
 from ddptop.agent.serving import Entry, ask_ranks, model_catch_up
-from ddptop.bundle.format import SCHEMA_VERSION, Frame, Manifest
+from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
 from ddptop.discovery import Endpoint
@@ -50,7 +50,6 @@ from ddptop.model.job import JobModel
 from ddptop.protocol import (
     ConnectionEvent,
     RankExit,
-    RankState,
     RecordEntry,
     StacksMsg,
     StateMsg,
@@ -356,7 +355,9 @@ class NodeAgent:
         with self._lock:
             view = self.model.ranks.get(gone.key)
             last = view.state if view is not None else None
-            self._update_outcomes(gone, state)
+            reason = state.exit_reason if state is not None else ""
+            self.record.rank_ended(gone.key, gone.pid, gone.exit_code, gone.signal, gone.time, reason,
+                                   self.model.statuses(time.time()))
             self._write_record()
         if last is not None:  # its last word, or its last sample: the step it died at
             last_words = StateMsg(state=news_state(last))
@@ -364,11 +365,13 @@ class NodeAgent:
         self._news.tell(exit_event)
 
     def _remote(self, event: Frame) -> None:
-        """What another node's agent told (its ranks' endings, stuck reports, a lost node):
-        into the black box and the model, never to this node's viewers (they ask that agent)."""
+        """What another node's agent told (its ranks' endings, stuck reports, a lost node) and
+        where ranks run: into the black box and the model, never to this node's viewers."""
         self._record(event)
-        if isinstance(event, RecordEntry | RankExit):
-            with self._lock:
+        with self._lock:
+            if isinstance(event, HostFacts):
+                self.model.places.update((r, (event.host, event.facts[ADDRESS_FACT])) for r in event.ranks)
+            elif isinstance(event, RecordEntry | RankExit):
                 self._remote_ranks.add(event.rank)
                 self.model.apply(event)
                 self.record.world_size = max(self.record.world_size, self.model.world_size)
@@ -378,15 +381,6 @@ class NodeAgent:
         text, _cut = read_text_tail(path, MAX_CRASH_READ)
         if has_stacks(text):
             self._event(crash_frame(rank, path.name, text, MAX_CRASH_READ))
-
-    def _update_outcomes(self, gone: ProcessExit, state: RankState | None) -> None:
-        statuses = self.model.statuses(time.time())
-        for outcome in self.record.ranks:
-            if outcome.rank == gone.key and outcome.pid == gone.pid:
-                outcome.exit_code, outcome.signal, outcome.time = gone.exit_code, gone.signal, gone.time
-                outcome.reason = state.exit_reason[:300] if state is not None else ""
-            if outcome.rank in statuses and outcome.time:
-                outcome.status = statuses[outcome.rank]
 
     def _write_record(self) -> None:
         self.record.exchange = self._news.summary()

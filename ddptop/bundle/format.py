@@ -60,8 +60,12 @@ class Manifest(msgspec.Struct, tag="manifest", kw_only=True):
     note: str = ""
 
 
+ADDRESS_FACT = "address"  # the address other hosts reach the host's ranks at (the node agent's recordings)
+
+
 class HostFacts(msgspec.Struct, tag="host", kw_only=True):
-    """Facts about one host, as its ranks reported them (bundles)."""
+    """Facts about one host, as its ranks reported them (bundles), or as the job's store
+    published them (the node agent's recordings: ``facts["address"]``)."""
 
     host: str
     ranks: list[int]

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddptop.bundle import format as fmt
-from ddptop.bundle.format import CrashFile, EndMarker, Event, FindingsRecord, Frame, HostFacts, Manifest
+from ddptop.bundle.format import (
+    ADDRESS_FACT,
+    CrashFile,
+    EndMarker,
+    Event,
+    FindingsRecord,
+    Frame,
+    HostFacts,
+    Manifest,
+)
 from ddptop.errors import BundleError, ProtocolError
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
@@ -252,6 +261,10 @@ def build_model(contents: Contents) -> JobModel:
     model = JobModel(job_id=contents.manifest.job_id, world_size=contents.manifest.world_size)
     for event in contents.events:
         model.apply(event)
+    for host in contents.hosts:
+        address = host.facts.get(ADDRESS_FACT, "")
+        if address:
+            model.places.update((rank, (host.host, address)) for rank in host.ranks)
     return model
 
 

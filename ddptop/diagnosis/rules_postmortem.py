@@ -187,15 +187,23 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                         "(victims, not causes)")
     if len(order) > 1:
         evidence.append(f"rank {first.rank} was the first to go silent")
+    everyone = sorted(snapshot.ranks, key=lambda s: (_ended_at(s, histories), s.rank))
+    peers, led_to = _lost_peers(snapshot, everyone)
+    evidence += peers
     if running:
         evidence.append(f"{ranks_text(running)} still running (they will hang in the next collective)")
     unseen = sorted(r for r, why in snapshot.job.unreachable.items() if why == "never seen")
     if unseen and PEER_GONE.search(first.exit_reason):
         # Only victims here: the cause is on a node whose news never reached this record.
         victims = [s.rank for s in order if PEER_GONE.search(s.exit_reason)]
+        there = sorted(set(led_to) & set(unseen))
+        if there:  # a victim's words name the address of the unseen ranks' host
+            unseen = there
+            where = f"; they lost their connection to {led_to[there[0]]}"
+        else:
+            where = f" ({cause_line(first.exit_reason, 120)})"
         title = (f"the first failure is not in this record: {ranks_text(victims)} failed because a peer was "
-                 f"gone ({cause_line(first.exit_reason, 120)}); nothing is known here of "
-                 f"{ranks_text(unseen)}, where the cause is")
+                 f"gone{where}; nothing is known here of {ranks_text(unseen)}, where the cause is")
         evidence.append(f"{ranks_text(unseen)} never reported to this record: run `ddptop doctor` on "
                         "their node, or let the node agents reach each other (`ddptop launch --bind`, "
                         "one DDPTOP_TOKEN)")
@@ -206,6 +214,32 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
                    title=f"{ranks_text([first.rank])}{where} failed first, at step {step}: {_how(first)}",
                    evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+
+
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]{2,45})\]:(\d{1,5})")
+
+
+def _lost_peers(snapshot: JobSnapshot, order: list[RankState]) -> tuple[list[str], dict[int, str]]:
+    """Ranks (failed or torn down) whose error names the peer's address ("Connection closed by peer
+    [192.0.2.2]:41234"), mapped to the host and ranks the job's store put at that address:
+    evidence lines, and each rank so named with its host's words ("host-b (192.0.2.2)")."""
+    job = snapshot.job
+    at: dict[str, list[int]] = defaultdict(list)
+    for rank, address in job.addresses.items():
+        at[address].append(rank)
+    lines: list[str] = []
+    named: dict[int, str] = {}
+    for s in order:
+        m = _PEER_ADDRESS.search(s.exit_reason) if PEER_GONE.search(s.exit_reason) else None
+        own = job.nodes.get(s.rank, s.host)
+        ranks = sorted(r for r in at.get(m.group(1), []) if job.nodes.get(r) != own) if m else []
+        if not m or not ranks or len(lines) >= 8:
+            continue
+        host = f"{job.nodes[ranks[0]]} ({m.group(1)})" if ranks[0] in job.nodes else m.group(1)
+        named.update((r, host) for r in ranks)
+        lines.append(f"rank {s.rank} lost its connection to {m.group(1)}:{m.group(2)}: that is {host}, where "
+                     f"{ranks_text(ranks)} ran")
+    return lines, named
 
 
 def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,

@@ -96,6 +96,9 @@ class JobModel:
     ranks: dict[int, RankView] = field(default_factory=dict)
     first_time: float = 0.0
     last_time: float = 0.0
+    # rank -> (host name, address), as the job's store published them (the node agent records
+    # them): where a victim's lost connection led
+    places: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def view(self, rank: int) -> RankView:
         """The view of *rank*, created on first use."""
@@ -223,7 +226,7 @@ class JobModel:
         for rank in range(self.world_size):
             if rank not in self.ranks:
                 unreachable[rank] = "never seen"
-        return build_snapshot(self.job_id, self.world_size, states, unreachable, now)
+        return build_snapshot(self.job_id, self.world_size, states, unreachable, now, self.places)
 
     def copy(self) -> JobModel:
         """An independent copy (states are shared: nothing mutates them), for another thread
@@ -231,7 +234,7 @@ class JobModel:
         ranks = {r: dataclasses.replace(v, history=deque(v.history, maxlen=HISTORY_LEN))
                  for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
-                        first_time=self.first_time, last_time=self.last_time)
+                        first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
 
     def shared_copy(self) -> JobModel:
         """A copy whose views are new but share their history deques with this model's (the
@@ -241,7 +244,7 @@ class JobModel:
                              v.stacks, v.fr_trace, v.exit, v.lost_at, v.stuck, v.version)
                  for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
-                        first_time=self.first_time, last_time=self.last_time)
+                        first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
 
     def steps(self, ranks: Iterable[int]) -> dict[int, int]:
         """The last step of each of *ranks* (0 for a rank not heard from yet)."""

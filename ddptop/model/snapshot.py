@@ -23,6 +23,10 @@ class JobInfo(msgspec.Struct, kw_only=True):
     backend: str = ""
     answered: int = 0
     unreachable: dict[int, str] = {}  # rank -> why it did not answer
+    # Where each rank runs, as the job's store published it (the address other hosts reach it
+    # at, and its host's name): a victim's "Connection closed by peer [addr]:port" names a host.
+    addresses: dict[int, str] = {}
+    nodes: dict[int, str] = {}
 
 
 class JobSnapshot(msgspec.Struct, kw_only=True):
@@ -37,7 +41,8 @@ class JobSnapshot(msgspec.Struct, kw_only=True):
 
 
 def build_snapshot(job_id: str, world_size: int, states: list[RankState],
-                   unreachable: dict[int, str], now: float) -> JobSnapshot:
+                   unreachable: dict[int, str], now: float,
+                   places: dict[int, tuple[str, str]] | None = None) -> JobSnapshot:
     """Assemble a snapshot from states (pure)."""
     states = sorted(states, key=lambda s: s.rank)
     backends = [s.backend for s in states if s.backend]
@@ -46,5 +51,7 @@ def build_snapshot(job_id: str, world_size: int, states: list[RankState],
         hosts=sorted({s.host for s in states}), backend=backends[0] if backends else "",
         answered=sum(1 for s in states if s.status not in ENDED),
         unreachable=dict(sorted(unreachable.items())),
+        addresses={r: address for r, (_node, address) in sorted((places or {}).items()) if address},
+        nodes={r: node for r, (node, _address) in sorted((places or {}).items()) if node},
     )
     return JobSnapshot(job=info, ranks=states)
