@@ -13,8 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-import msgspec
-
 from ddptop import discovery
 from ddptop.client import agents
 from ddptop.client.connection import RankConnection
@@ -33,7 +31,7 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.remains import crash_signal, read_progress_page, read_stuck
+from ddptop.remains import crash_signal, read_last_state, read_progress_page, read_stuck
 from ddptop.status import FINAL, Status
 from ddptop.textfmt import rank_ranges
 
@@ -80,12 +78,9 @@ def per_rank(target: JobTarget, work: Callable[[RankConnection], T], token: str 
 
 def last_words(endpoint: Endpoint) -> RankState:
     """What a dead rank left behind: its final state, or a stub naming the loss."""
-    path = discovery.record_path(endpoint.job_id, endpoint.rank, "last")
-    state: RankState | None = None
-    try:
-        state = msgspec.msgpack.decode(path.read_bytes(), type=RankState)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        state = None
+    # The one capped, link-refusing reader of last words (a symlink planted in the runtime
+    # directory is never followed).
+    state = read_last_state(endpoint.job_id, endpoint.rank)
     if state is None:
         state = RankState(rank=endpoint.rank, local_rank=-1, world_size=endpoint.world_size,
                           host=endpoint.node or endpoint.host, pid=endpoint.pid,

@@ -22,7 +22,7 @@ TEARDOWN_SIGNALS = frozenset(("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"))
 # Errors a rank raises only because a peer is gone (gloo, NCCL, the TCPStore): after another
 # rank's failure they mark a victim as surely as the launcher's SIGTERM does.
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited"
-                       r"|socket was closed|failed to recv|Connection refused", re.IGNORECASE)
+                       r"|socket was closed|failed to recv|Connection refused|ncclRemoteError", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
