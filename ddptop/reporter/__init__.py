@@ -12,11 +12,15 @@ import os
 import subprocess
 import sys
 import threading
+from types import ModuleType
+from typing import Any
 
+from ddptop.reporter.identity import RANK_VARIABLES, RankIdentity, from_env, from_process_group
 from ddptop.reporter.torch_import import when_imported
 
 _lock = threading.Lock()
 _reporter: object | None = None
+_deferred = False
 OWNER_ENV = "DDPTOP_OWNER_PID"
 AGENT_ENV = "DDPTOP_AGENT_PID"  # set by `ddptop launch`, which is the node agent itself
 RANK_VARS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE")
@@ -44,40 +48,93 @@ def spawn_node_agent(job_id: str) -> None:
 
 
 def is_rank_process(env: dict[str, str] | None = None) -> bool:
-    """True in a torchrun rank itself, False in its children (dataloader workers...)."""
+    """True in a rank itself (a launcher named its rank), False in its children (DataLoader
+    workers inherit the variables, and the owner's pid says they are not the rank)."""
     env = dict(os.environ) if env is None else env
-    if env.get("DDPTOP_DISABLE") == "1" or "RANK" not in env:
+    if env.get("DDPTOP_DISABLE") == "1" or not any(name in env for name in RANK_VARIABLES):
         return False
+    return _owner_is_us(env)
+
+
+def _owner_is_us(env: dict[str, str]) -> bool:
     owner = env.get(OWNER_ENV)
     return owner is None or owner == str(os.getpid())
 
 
 def install() -> bool:
-    """Start the reporter in this rank; idempotent, never raises."""
-    global _reporter
+    """Start the reporter in this rank; idempotent, never raises.
+
+    The rank is the launcher's (torchrun, srun, mpirun: :mod:`ddptop.reporter.identity`) or,
+    in a process no launcher named (``torch.multiprocessing.spawn``, a script's own
+    launcher), the default process group's once ``init_process_group`` ran: until then the
+    reporter waits for it (False, said once on stderr).
+    """
+    global _deferred
     with _lock:
         if _reporter is not None:
             return True
-        if not is_rank_process():
+        if os.environ.get("DDPTOP_DISABLE") == "1" or not _owner_is_us(dict(os.environ)):
             return False
-        try:
-            from ddptop.reporter.agent import Reporter
-            from ddptop.reporter.config import config_from_env
+        env = dict(os.environ)
+        identity = from_env(env)
+        if identity is None and "torch.distributed" in sys.modules:  # initialised already?
+            identity = from_process_group(sys.modules["torch.distributed"], env)
+        if identity is not None:
+            return _start(identity)
+        if not _deferred:
+            _deferred = True
+            print("ddptop: no rank yet (no RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK): the "
+                  "reporter starts when torch.distributed.init_process_group runs", file=sys.stderr)
+            when_imported("torch", _start_at_init)
+        return False
 
-            # Children inherit this and so know they are not the rank (spawned workers
-            # run sitecustomize too).
-            os.environ[OWNER_ENV] = str(os.getpid())
-            config = config_from_env()
-            reporter = Reporter(config)
-            reporter.start()
-            when_imported("torch", reporter.torch_imported)
-            _reporter = reporter
-            if config.local_rank == 0 and AGENT_ENV not in os.environ:
-                spawn_node_agent(config.job_id)
-            return True
-        except Exception as exc:  # the job must run even if we cannot
-            print(f"ddptop: reporter disabled in this rank: {exc}", file=sys.stderr)
-            return False
+
+def _start(identity: RankIdentity) -> bool:
+    """Start the reporter for *identity* (the caller holds the lock)."""
+    global _reporter
+    try:
+        from ddptop.reporter.agent import Reporter
+        from ddptop.reporter.config import config_from_env
+
+        # Children inherit this and so know they are not the rank (spawned workers
+        # run sitecustomize too).
+        os.environ[OWNER_ENV] = str(os.getpid())
+        config = config_from_env(identity=identity)
+        reporter = Reporter(config)
+        reporter.start()
+        when_imported("torch", reporter.torch_imported)
+        _reporter = reporter
+        if config.local_rank == 0 and AGENT_ENV not in os.environ:
+            spawn_node_agent(config.job_id)
+        return True
+    except Exception as exc:  # the job must run even if we cannot
+        print(f"ddptop: reporter disabled in this rank: {exc}", file=sys.stderr)
+        return False
+
+
+def _start_at_init(torch: ModuleType) -> None:
+    """Wrap ``init_process_group``: once it returns, this process knows its rank."""
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d.init_process_group
+    if getattr(original, "_ddptop_patched", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        try:
+            with _lock:
+                identity = from_process_group(torch.distributed, dict(os.environ))
+                if _reporter is None and identity is not None and _owner_is_us(dict(os.environ)):
+                    _start(identity)
+        except Exception as exc:  # never fail the job's init
+            print(f"ddptop: reporter not started: {exc}", file=sys.stderr)
+        return out
+
+    init_process_group._ddptop_patched = True  # type: ignore[attr-defined]
+    c10d.init_process_group = init_process_group
+    if getattr(torch.distributed, "init_process_group", None) is original:
+        torch.distributed.init_process_group = init_process_group
 
 
 def current() -> object | None:

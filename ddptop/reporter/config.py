@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from ddptop import auth, discovery
+from ddptop.reporter.identity import RankIdentity, from_env, slurm_job
 
 
 @dataclass
@@ -53,23 +54,30 @@ def _float(env: dict[str, str], name: str, default: float) -> float:
         return default
 
 
-def job_id_from_env(env: dict[str, str]) -> str:
-    """A file-name-safe job id shared by every rank of the job."""
+def job_id_from_env(env: dict[str, str], store: str = "") -> str:
+    """A file-name-safe job id shared by every rank of the job: ddptop's, torchrun's, SLURM's
+    job step, else the address of the job's store (*store*, or MASTER_ADDR-MASTER_PORT)."""
     raw = env.get("DDPTOP_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
     if not raw or raw == "none":
+        raw = slurm_job(env)  # "12345.0": SLURM's own name of the job step
+    if not raw and store and "MASTER_PORT" not in env:
+        raw = store
+    if not raw:
         raw = f"{env.get('MASTER_ADDR', 'local')}-{env.get('MASTER_PORT', '0')}"
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", raw)[:64]
     return safe or "job"
 
 
-def config_from_env(env: dict[str, str] | None = None) -> ReporterConfig:
-    """Build the config from torchrun's and ddptop's environment variables."""
+def config_from_env(env: dict[str, str] | None = None,
+                    identity: RankIdentity | None = None) -> ReporterConfig:
+    """Build the config from the launcher's (or *identity*'s) and ddptop's environment variables."""
     env = dict(os.environ) if env is None else env
+    identity = identity or from_env(env) or RankIdentity(rank=0, local_rank=0, world_size=1, source="")
     return ReporterConfig(
-        rank=int(env.get("RANK", "0")),
-        local_rank=int(env.get("LOCAL_RANK", "0")),
-        world_size=int(env.get("WORLD_SIZE", "1")),
-        job_id=job_id_from_env(env),
+        rank=identity.rank,
+        local_rank=identity.local_rank,
+        world_size=identity.world_size,
+        job_id=job_id_from_env(env, identity.store),
         restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         bind=env.get("DDPTOP_BIND", "127.0.0.1"),
         port=int(env.get("DDPTOP_PORT", "0") or 0),
