@@ -49,9 +49,17 @@ class JobTarget:
         return [r for r in range(self.world_size) if r not in known]
 
 
+SLURM_SCHEME = "slurm:"
+
+
 def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
     """Turn a target string into a JobTarget; TargetNotFound with a reason otherwise."""
-    if target and _HOST_PORT.match(target):
+    if target and target.startswith(SLURM_SCHEME):
+        # SLURM's name: "slurm:12345" is every step of job 12345 ("12345." as a prefix, so it
+        # never matches job 123456), "slurm:12345.0" that step.
+        job = target[len(SLURM_SCHEME):]
+        target = job if "." in job else job + "."
+    elif target and _HOST_PORT.match(target):
         return _from_store(target, store_timeout_s)
     live = discovery.jobs_on_host()
     if target is None:

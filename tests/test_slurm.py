@@ -1,0 +1,85 @@
+"""ddptop on a real SLURM cluster (#22): one node's munged, slurmctld and slurmd, started by
+the test itself (tests/slurm.py), and a DDP script written for SLURM launched by ``srun``,
+no torchrun: ranks from SLURM_PROCID, ``ddptop.install()`` first, as the README says.
+
+Skipped with the reason where the machine cannot run SLURM (not root, packages missing:
+``make test`` installs them where it runs as root with apt)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import slurm
+from tests.jobs import PROBES, JobRunner, RunningJob
+
+pytestmark = pytest.mark.slow
+REASON = slurm.missing()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.Cluster]:
+    if REASON:
+        pytest.skip(REASON)
+    with slurm.cluster(tmp_path_factory.mktemp("slurm"), {}) as made:
+        yield made
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def srun(cluster: slurm.Cluster, job_runner: JobRunner, name: str, env: dict[str, str],
+         tasks: int = 4) -> RunningJob:
+    """``srun -n TASKS python probes/slurm_ddp.py`` in a session of its own; its job id is
+    SLURM's job.step, read from what the tasks print."""
+    full = job_runner.env({**cluster.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
+                           "DDPTOP_INTERVAL": "0.25", "PROBE_SECONDS": "60", **env})
+    full["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    log_path = job_runner.tmp / f"{name}.log"
+    argv = ["srun", "-n", str(tasks), "--job-name", name, "--kill-on-bad-exit=1",
+            str(Path(full["PATH"].split(":")[0]) / "python"), str(PROBES / "slurm_ddp.py")]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    job = RunningJob(job_id="", proc=proc, runtime_dir=job_runner.runtime_dir, log_path=log_path, env=full)
+    job_runner.jobs.append(job)
+    found = job.wait_log_all(r"rank (\d+): slurm job (\d+\.\d+)", tasks, timeout=120)
+    assert len({step for _rank, step in found}) == 1, found
+    job.job_id = found[0][1]
+    return job
+
+
+def test_an_srun_job_with_install_first_is_seen_with_every_rank(cluster: slurm.Cluster,
+                                                                 job_runner: JobRunner) -> None:
+    job = srun(cluster, job_runner, "ddptop-live", {"PROBE_DEATH": "none"})
+    snap = job.wait_for(lambda s: sorted(r["rank"] for r in s["ranks"] if r["status"] == "running"
+                                         and r["step"] > 0) == [0, 1, 2, 3], timeout=90)
+    assert snap["job"]["id"] == job.job_id and snap["job"]["world_size"] == 4, snap["job"]
+    assert not snap["job"]["unreachable"], snap["job"]
+    # SLURM's own name finds it too: the job (every step) and the step.
+    slurm_job = job.job_id.split(".")[0]
+    for name in (f"slurm:{slurm_job}", f"slurm:{job.job_id}"):
+        res = job.run_cli("snapshot", "--json", name, timeout=30)
+        assert res.returncode == 0 and json.loads(res.stdout)["job"]["id"] == job.job_id, res.stderr
+    cluster.run("scancel", slurm_job)
+    job.wait(timeout=60)
+
+
+def test_a_failing_rank_under_srun_is_named_by_doctor_after_the_job(cluster: slurm.Cluster,
+                                                                     job_runner: JobRunner) -> None:
+    env = {"PROBE_DEATH": "exception", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
+    job = srun(cluster, job_runner, "ddptop-fail", env)
+    step = int(job.wait_log(r"rank 2: step (\d+): raising ValueError", timeout=90).group(1))
+    job.wait(timeout=90)  # --kill-on-bad-exit: srun ends the other tasks
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    first = json.loads(res.stdout)["findings"][0]
+    assert (first["kind"], first["ranks"][0], first["step"]) == ("rank_lost", 2, step), first
+    assert "ValueError: planted failure" in first["title"], first
