@@ -15,7 +15,8 @@ import sys
 
 import ddptop
 
-started = ddptop.install()
+# PROBE_NO_INSTALL=1: the script as it was before ddptop (`ddptop launch -- srun ...` starts it).
+started = ddptop.install() if os.environ.get("PROBE_NO_INSTALL") != "1" else None
 NAMES = (("RANK", "SLURM_PROCID"), ("LOCAL_RANK", "SLURM_LOCALID"), ("WORLD_SIZE", "SLURM_NTASKS"))
 for ours, slurms in NAMES:
     os.environ.setdefault(ours, os.environ[slurms])

@@ -133,3 +133,24 @@ def test_a_victims_lost_connection_names_the_host_and_ranks_at_that_address() ->
     bare = build_snapshot("j", 4, victims, {2: "never seen", 3: "never seen"}, NOW)
     (h,) = rank_lost(bare, {}, NOW, DiagnosisConfig())
     assert h.ranks == [2, 3] and "host-b" not in h.title and not any("that is" in e for e in h.evidence)
+
+
+def test_a_job_the_scheduler_stopped_is_named_as_such_not_as_a_crash() -> None:
+    """Every rank ended with SLURM's word (agent/scheduler.py: scontrol's JobState)."""
+    from ddptop.diagnosis.rules_postmortem import rank_lost
+
+    def stopped(cause: str) -> list[RankState]:
+        return [RankState(rank=r, local_rank=r, world_size=4, host="n1", pid=10 + r, time=NOW - 5, step=40,
+                          status="terminated", exit_signal="SIGTERM", exited_at=NOW - 5 + r * 0.01,
+                          exit_cause=cause) for r in range(4)]
+
+    def judged(cause: str) -> list[Any]:
+        return rank_lost(build_snapshot("j", 4, stopped(cause), {}, NOW), {}, NOW, DiagnosisConfig())
+
+    (cancel,) = judged("slurm_cancelled")
+    assert (cancel.severity, cancel.ranks, cancel.step) == ("info", [0, 1, 2, 3], 40)
+    assert "the job was cancelled by SLURM (scancel)" in cancel.title, cancel
+    (limit,) = judged("slurm_timeout")
+    assert limit.severity == "warning" and "time limit" in limit.title, limit
+    (person,) = judged("")
+    assert person.severity == "critical" and "SLURM" not in person.title, person

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import slurm
-from tests.jobs import PROBES, JobRunner, RunningJob
+from tests.jobs import PROBES, JobRunner, RunningJob, ddptop_cmd
 
 pytestmark = pytest.mark.slow
 REASON = slurm.missing()
@@ -37,22 +37,27 @@ def _port() -> int:
 
 
 def srun(cluster: slurm.Cluster, job_runner: JobRunner, name: str, env: dict[str, str],
-         tasks: int = 4) -> RunningJob:
-    """``srun -n TASKS python probes/slurm_ddp.py`` in a session of its own; its job id is
-    SLURM's job.step, read from what the tasks print."""
+         tasks: int = 4, launch: bool = False, srun_args: tuple[str, ...] = ()) -> RunningJob:
+    """``srun -n TASKS python probes/slurm_ddp.py`` in a session of its own (under ``ddptop
+    launch --job-id NAME`` with *launch*); its job id is SLURM's job.step, read from what the
+    tasks print, or NAME."""
     full = job_runner.env({**cluster.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
                            "DDPTOP_INTERVAL": "0.25", "PROBE_SECONDS": "60", **env})
     full["SLURM_CONF"] = cluster.env["SLURM_CONF"]
     log_path = job_runner.tmp / f"{name}.log"
-    argv = ["srun", "-n", str(tasks), "--job-name", name, "--kill-on-bad-exit=1",
+    argv = ["srun", "-n", str(tasks), "--job-name", name, "--kill-on-bad-exit=1", *srun_args,
             str(Path(full["PATH"].split(":")[0]) / "python"), str(PROBES / "slurm_ddp.py")]
+    if launch:
+        full["PROBE_NO_INSTALL"] = "1"
+        argv = ddptop_cmd("launch", "--job-id", name, "--", *argv)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     job = RunningJob(job_id="", proc=proc, runtime_dir=job_runner.runtime_dir, log_path=log_path, env=full)
     job_runner.jobs.append(job)
     found = job.wait_log_all(r"rank (\d+): slurm job (\d+\.\d+)", tasks, timeout=120)
     assert len({step for _rank, step in found}) == 1, found
-    job.job_id = found[0][1]
+    job.job_id = name if launch else found[0][1]
+    job.slurm_job = found[0][1].split(".")[0]  # type: ignore[attr-defined]
     return job
 
 
@@ -83,3 +88,34 @@ def test_a_failing_rank_under_srun_is_named_by_doctor_after_the_job(cluster: slu
     first = json.loads(res.stdout)["findings"][0]
     assert (first["kind"], first["ranks"][0], first["step"]) == ("rank_lost", 2, step), first
     assert "ValueError: planted failure" in first["title"], first
+
+
+def _stopped_by_slurm(job: RunningJob, code: int) -> dict[str, object]:
+    """doctor's first finding; *code*: 0 for an info (a cancel is the user's own), 1 for a warning."""
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    assert res.returncode == code, res.stdout + res.stderr
+    first: dict[str, object] = json.loads(res.stdout)["findings"][0]
+    assert first["kind"] == "rank_lost" and first["ranks"] == [0, 1, 2, 3], first
+    return first
+
+
+def test_ddptop_launch_around_srun_watches_the_tasks_and_names_scancel(cluster: slurm.Cluster,
+                                                                       job_runner: JobRunner) -> None:
+    """`ddptop launch -- srun -n 4 python train.py`: the script knows nothing of ddptop; the
+    launcher (outside the job step, so it outlives it) records it; scancel is named as such."""
+    job = srun(cluster, job_runner, "ddptop-cancel", {"PROBE_DEATH": "none"}, launch=True)
+    job.wait_for(lambda s: sum(1 for r in s["ranks"] if r["status"] == "running" and r["step"] > 0) == 4,
+                 timeout=90)
+    cluster.run("scancel", job.slurm_job)  # type: ignore[attr-defined]
+    job.wait(timeout=90)
+    first = _stopped_by_slurm(job, 0)
+    assert "cancelled by SLURM (scancel)" in str(first["title"]) and first["severity"] == "info", first
+
+
+def test_a_time_limit_is_named_as_such(cluster: slurm.Cluster, job_runner: JobRunner) -> None:
+    """SLURM's time limit (1 minute, the shortest): SIGTERM, then SIGKILL after KillWait."""
+    job = srun(cluster, job_runner, "ddptop-limit", {"PROBE_DEATH": "none", "PROBE_SECONDS": "150"},
+               launch=True, srun_args=("--time=1",))
+    job.wait(timeout=150)
+    first = _stopped_by_slurm(job, 1)
+    assert "time limit" in str(first["title"]) and first["severity"] == "warning", first

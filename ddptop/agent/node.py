@@ -36,10 +36,11 @@ from ddptop.agent import jobrecord
 from ddptop.agent.exchange import news_stacks, news_state
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.jobrecord import JobRecord, RankOutcome
-from ddptop.agent.news import NodeNews
+from ddptop.agent.news import NodeNews, rank_environ
 from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
+from ddptop.agent.scheduler import SchedulerWatch
 from ddptop.agent.serving import Entry, ask_ranks, model_catch_up
 from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest
 from ddptop.client.live import LiveSource
@@ -84,6 +85,7 @@ class NodeAgent:
         self._known: dict[int, Endpoint] = {}  # rank -> endpoint (its current pid)
         self._exits = ExitWatcher()
         self._memory = MemoryWatch()  # each rank's memory cgroup: was a SIGKILL the OOM killer's?
+        self._scheduler = SchedulerWatch()  # each rank's SLURM job: did SLURM stop it?
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._record_written = 0.0
@@ -243,6 +245,7 @@ class NodeAgent:
             with self._lock:
                 self._exits.watch(endpoint.rank, endpoint.pid)
                 self._memory.watch(endpoint.rank, endpoint.pid)
+                self._scheduler.watch(endpoint.rank, endpoint.pid, rank_environ(endpoint.pid))
                 self._silence.forget(endpoint.rank)  # a new incarnation is judged afresh
                 self.record.world_size = max(self.record.world_size, endpoint.world_size)
                 self.record.ranks = [o for o in self.record.ranks if o.rank != endpoint.rank]
@@ -348,8 +351,9 @@ class NodeAgent:
             self._event(RecordEntry(time=gone.time, rank=gone.key, message=StateMsg(state=state)))
         self._record_crash_file(gone.key)
         oom = self._memory.verdict(gone.key, gone.pid, gone.signal)
+        cause = oom.cause or self._scheduler.verdict(gone.key, gone.pid, gone.signal)
         exit_event = RankExit(time=gone.time, rank=gone.key, pid=gone.pid, host=endpoint.node or self.host,
-                              exit_code=gone.exit_code, signal=gone.signal, cause=oom.cause,
+                              exit_code=gone.exit_code, signal=gone.signal, cause=cause,
                               memory_limit_bytes=oom.limit_bytes, memory_peak_bytes=oom.peak_bytes)
         self._event(exit_event)
         with self._lock:

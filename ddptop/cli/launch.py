@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stacks_signal:
         os.environ[outside.SIGNAL_ENV] = "1"  # this process is the node agent; its ranks' agents too
     env = job_env(dict(os.environ), job_id, args.bind, args.interval)
+    if os.path.basename(command[0]) == "srun":
+        env[LAUNCHER_ENV] = "srun"  # SLURM's tasks are the ranks (see ddptop/_inject/sitecustomize.py)
     agent: NodeAgent | None = None
     try:
         discovery.runtime_dir()  # refuses an unsafe runtime directory (a symlink, another user's)
@@ -151,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 STDERR_DRAIN_S = 5.0
+LAUNCHER_ENV = "DDPTOP_LAUNCHER"
 
 
 def _stderr_tail(job_id: str, cap: int) -> StderrTail | None:

@@ -17,6 +17,9 @@ A collective mismatch often ends a job before any viewer sees two ranks in diffe
   different collectives (``collective_mismatch``, the minority named); ranks of the job that
   did not time out there are the ones the others waited for (``collective_stall``).
 
+A victim's "Connection closed by peer [192.0.2.2]:41234" names the address of the rank it
+lost: :func:`lost_peers` joins it to the host and ranks the job's store put there.
+
 The text comes from the rank's exit reason: its exception, or the lines of the job's stderr
 that the evidence readers gave to it (:mod:`ddptop.evidence.torchrun_log`).
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from ddptop.diagnosis.common import ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 
@@ -197,3 +201,28 @@ def _step(snapshot: JobSnapshot, ranks: list[int]) -> int | None:
     steps = [s.step for s in snapshot.ranks if s.rank in ranks]
     return min(steps) if steps else None
 
+
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]{2,45})\]:(\d{1,5})")
+
+
+def lost_peers(snapshot: JobSnapshot, order: list[RankState]) -> tuple[list[str], dict[int, str]]:
+    """Ranks (failed or torn down) whose error names the peer's address ("Connection closed by peer
+    [192.0.2.2]:41234"), mapped to the host and ranks the job's store put at that address:
+    evidence lines, and each rank so named with its host's words ("host-b (192.0.2.2)")."""
+    job = snapshot.job
+    at: dict[str, list[int]] = defaultdict(list)
+    for rank, address in job.addresses.items():
+        at[address].append(rank)
+    lines: list[str] = []
+    named: dict[int, str] = {}
+    for s in order:
+        m = _PEER_ADDRESS.search(s.exit_reason) if PEER_GONE.search(s.exit_reason) else None
+        own = job.nodes.get(s.rank, s.host)
+        ranks = sorted(r for r in at.get(m.group(1), []) if job.nodes.get(r) != own) if m else []
+        if not m or not ranks or len(lines) >= 8:
+            continue
+        host = f"{job.nodes[ranks[0]]} ({m.group(1)})" if ranks[0] in job.nodes else m.group(1)
+        named.update((r, host) for r in ranks)
+        lines.append(f"rank {s.rank} lost its connection to {m.group(1)}:{m.group(2)}: that is {host}, where "
+                     f"{ranks_text(ranks)} ran")
+    return lines, named

@@ -24,7 +24,8 @@ from collections import defaultdict
 
 from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
-from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.finding import Finding, Severity
+from ddptop.diagnosis.rules_last_words import lost_peers
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
@@ -167,6 +168,9 @@ def rank_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
 def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
              histories: dict[int, list[Sample]]) -> Finding:
     order = sorted(failed, key=lambda s: (_ended_at(s, histories), s.rank))
+    stopped = _scheduler_stop(snapshot, order, histories)
+    if stopped is not None:
+        return stopped
     first = order[0]
     t0 = _ended_at(first, histories)
     step = _last_step(first, histories)
@@ -188,7 +192,7 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     if len(order) > 1:
         evidence.append(f"rank {first.rank} was the first to go silent")
     everyone = sorted(snapshot.ranks, key=lambda s: (_ended_at(s, histories), s.rank))
-    peers, led_to = _lost_peers(snapshot, everyone)
+    peers, led_to = lost_peers(snapshot, everyone)
     evidence += peers
     if running:
         evidence.append(f"{ranks_text(running)} still running (they will hang in the next collective)")
@@ -214,32 +218,6 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
                    title=f"{ranks_text([first.rank])}{where} failed first, at step {step}: {_how(first)}",
                    evidence=evidence, remedy=_remedy(first), step=step, since=t0)
-
-
-_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]{2,45})\]:(\d{1,5})")
-
-
-def _lost_peers(snapshot: JobSnapshot, order: list[RankState]) -> tuple[list[str], dict[int, str]]:
-    """Ranks (failed or torn down) whose error names the peer's address ("Connection closed by peer
-    [192.0.2.2]:41234"), mapped to the host and ranks the job's store put at that address:
-    evidence lines, and each rank so named with its host's words ("host-b (192.0.2.2)")."""
-    job = snapshot.job
-    at: dict[str, list[int]] = defaultdict(list)
-    for rank, address in job.addresses.items():
-        at[address].append(rank)
-    lines: list[str] = []
-    named: dict[int, str] = {}
-    for s in order:
-        m = _PEER_ADDRESS.search(s.exit_reason) if PEER_GONE.search(s.exit_reason) else None
-        own = job.nodes.get(s.rank, s.host)
-        ranks = sorted(r for r in at.get(m.group(1), []) if job.nodes.get(r) != own) if m else []
-        if not m or not ranks or len(lines) >= 8:
-            continue
-        host = f"{job.nodes[ranks[0]]} ({m.group(1)})" if ranks[0] in job.nodes else m.group(1)
-        named.update((r, host) for r in ranks)
-        lines.append(f"rank {s.rank} lost its connection to {m.group(1)}:{m.group(2)}: that is {host}, where "
-                     f"{ranks_text(ranks)} ran")
-    return lines, named
 
 
 def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
@@ -277,8 +255,43 @@ def cause_line(text: str, limit: int = 240) -> str:
     return (raised[-1] if raised else lines[-1])[:limit]
 
 
+SCHEDULER_WORDS = {
+    "slurm_cancelled": "cancelled by SLURM (scancel)",
+    "slurm_timeout": "stopped by SLURM at the job's time limit (DUE TO TIME LIMIT)",
+    "slurm_preempted": "preempted by SLURM",
+    "slurm_node_fail": "stopped by SLURM: a node of the job failed (NODE_FAIL)",
+    "slurm_deadline": "stopped by SLURM at the job's deadline",
+}
+
+
+def _scheduler_stop(snapshot: JobSnapshot, order: list[RankState],
+                    histories: dict[int, list[Sample]]) -> Finding | None:
+    """The scheduler stopped the job (scancel, a time limit...): named as such, not a crash."""
+    causes = {s.exit_cause for s in order}
+    if len(causes) != 1 or next(iter(causes)) not in SCHEDULER_WORDS:
+        return None
+    words = SCHEDULER_WORDS[next(iter(causes))]
+    stopped = sorted((s for s in snapshot.ranks if s.exit_cause in SCHEDULER_WORDS or s.status in FAILED
+                      or s.status == Status.TORN_DOWN), key=lambda s: s.rank)
+    ranks = [s.rank for s in stopped]
+    t0 = min(_ended_at(s, histories) for s in order)
+    steps = sorted({_last_step(s, histories) for s in order})
+    at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"
+    severity: Severity = "info" if "cancelled" in words else "warning"
+    return Finding(kind="rank_lost", severity=severity, ranks=ranks,
+                   title=(f"the job was {words} at {time.strftime('%H:%M:%S', time.localtime(t0))}: "
+                          f"{ranks_text(ranks)} stopped at {at}"),
+                   evidence=[f"rank {s.rank} on {s.host}: step {_last_step(s, histories)}"
+                             + (f", {s.exit_signal}" if s.exit_signal else "") for s in stopped[:16]],
+                   remedy=("not a failure of the training: resubmit (with a longer --time, or from the last "
+                           "checkpoint); checkpoint often enough to lose little at a time limit"),
+                   step=steps[0], since=t0)
+
+
 def _how(s: RankState) -> str:
     """How one rank ended, in one line."""
+    if s.exit_cause in SCHEDULER_WORDS:
+        return SCHEDULER_WORDS[s.exit_cause]
     reason = cause_line(s.exit_reason)
     if PEER_GONE.search(s.exit_reason):
         return f"{cause_line(s.exit_reason, 200)} (a consequence: a peer was already gone)"
