@@ -232,3 +232,21 @@ def test_a_rank_that_lost_its_peer_is_never_first_whatever_the_clocks_say() -> N
     assert first is not None and first.rank == 2
     assert resolved_status(victim, first) == Status.TORN_DOWN
     assert resolved_status(killed, first) == killed.status
+
+
+def test_a_rank_sigtermed_in_the_same_poll_as_a_crash_is_torn_down() -> None:
+    """Exits the agent sees in one poll (a loaded machine delays it) carry its clock at that
+    poll in no order: torchrun's SIGTERM of rank 0 may read a few ms before rank 1's SIGSEGV.
+    Rank 0 is still a victim; a SIGTERM seconds before the crash is not (seen in a full run)."""
+    from ddptop.model.outcome import ending_of, first_failure, resolved_status
+    from ddptop.protocol import RankExit
+    from ddptop.status import Status
+
+    crash = ending_of(1, RankExit(time=100.004, rank=1, pid=11, host="a", signal="SIGSEGV"), None, None)
+    same_poll = ending_of(0, RankExit(time=100.001, rank=0, pid=10, host="a", signal="SIGTERM"), None, None)
+    earlier = ending_of(2, RankExit(time=97.0, rank=2, pid=12, host="a", signal="SIGTERM"), None, None)
+    assert crash is not None and same_poll is not None and earlier is not None
+    first = first_failure([crash, same_poll, earlier])
+    assert first is not None and first.rank == 1
+    assert resolved_status(same_poll, first) == Status.TORN_DOWN
+    assert resolved_status(earlier, first) == Status.TERMINATED

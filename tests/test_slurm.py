@@ -8,8 +8,10 @@ Skipped with the reason where the machine cannot run SLURM (not root, packages m
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,3 +121,44 @@ def test_a_time_limit_is_named_as_such(cluster: slurm.Cluster, job_runner: JobRu
     job.wait(timeout=150)
     first = _stopped_by_slurm(job, 1)
     assert "time limit" in str(first["title"]) and first["severity"] == "warning", first
+
+
+def test_torchrun_per_node_under_srun_keeps_the_black_box_and_reads_a_wedged_rank(
+        cluster: slurm.Cluster, job_runner: JobRunner, tmp_path: Path) -> None:
+    """`srun --ntasks-per-node=1 ddptop launch -- torchrun ...`: the launcher is SLURM's task,
+    torchrun's ranks its children. A rank wedged in C holding the GIL is named with its frame
+    (read from outside by the node agent); then a rank fails and doctor names it afterwards."""
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    full = job_runner.env({**cluster.env, "PROBE_DEATH": "wedge_gil", "PROBE_DIE_RANK": "1",
+                           "PROBE_DIE_AT_STEP": "10", "PROBE_WEDGE_FIFO": str(fifo), "PROBE_SECONDS": "60"})
+    full["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    torchrun = [str(Path(full["PATH"].split(":")[0]) / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                str(PROBES / "rank_dies.py")]
+    argv = ["srun", "--ntasks-per-node=1", "-n", "1", "--job-name", "ddptop-pernode",
+            *ddptop_cmd("launch", "--job-id", "ddptop-pernode", "--interval", "0.25", "--", *torchrun)]
+    log_path = tmp_path / "pernode.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    job = RunningJob(job_id="ddptop-pernode", proc=proc, runtime_dir=job_runner.runtime_dir,
+                     log_path=log_path, env=full)
+    job_runner.jobs.append(job)
+    job.wait_log(r"rank 1: step \d+: wedged in C holding the GIL", timeout=120)
+    try:
+        found: list[dict[str, object]] = []
+        deadline = time.monotonic() + 60
+        while not found and time.monotonic() < deadline:
+            out = job.run_cli("doctor", "--json", "--watch", "1", job.job_id).stdout
+            found = [f for f in (json.loads(out)["findings"] if out.strip() else [])
+                     if f["kind"] == "rank_unresponsive"]
+        assert found and found[0]["ranks"] == [1] and "wedge()" in str(found[0]["title"]), found
+    finally:
+        fd = os.open(fifo, os.O_RDWR)  # release the wedge whatever happened
+        os.write(fd, b"x")
+        os.close(fd)
+    job.wait_log(r"rank 1: step \d+: unwedged", timeout=60)
+    cluster.run("scancel", "--name", "ddptop-pernode")
+    job.wait(timeout=90)
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    first = json.loads(res.stdout)["findings"][0]
+    assert "cancelled by SLURM (scancel)" in first["title"] and first["ranks"] == [0, 1], first

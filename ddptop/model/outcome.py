@@ -78,10 +78,16 @@ def first_failure(endings: Iterable[Ending]) -> Ending | None:
     return failed[0] if failed else None
 
 
+# Exits the node agent sees in one poll carry its clock at that poll, in no particular order
+# (a loaded machine delays the poll): a stop signal this close to a crash followed it.
+SAME_MOMENT_S = 1.0
+
+
 def resolved_status(ending: Ending, first: Ending | None) -> str:
     """The status word with job context: stopped (or failed for want of a peer) after another
     rank's failure = torn down: a victim of the teardown, not a cause."""
-    after = ending.time >= first.time or (ending.peer_gone and not first.peer_gone) if first else False
+    skew = SAME_MOMENT_S if first is not None and not first.stopped else 0.0
+    after = ending.time >= first.time - skew or (ending.peer_gone and not first.peer_gone) if first else False
     if first is not None and ending.stopped and ending.rank != first.rank and after:
         return Status.TORN_DOWN
     return ending.status
