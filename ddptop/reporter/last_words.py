@@ -9,9 +9,15 @@ would then not die either. So the handler is not where the work happens:
   last words (a fresh sample and a fresh Flight Recorder read, bounded in time), then
   restores the default disposition and re-raises SIGTERM, so the rank dies of SIGTERM as
   it would have without ddptop.
-* ``faulthandler`` is chained in front of it for SIGTERM: it writes every thread's stack
-  into the crash file from the signal handler itself, without the GIL, so even a rank
-  wedged in C code holding the GIL leaves the stack it was killed in.
+* that thread first writes every thread's stack into the crash file
+  (``faulthandler.dump_traceback`` with the GIL held). Not from the signal handler: there
+  faulthandler walks the frames of threads that run Python at that moment, without the GIL,
+  and a rank with busy threads then died of SIGSEGV instead of SIGTERM (1 in 30 to 1 in 4
+  SIGTERMs with three busy threads, measured: tests/test_sigterm_words.py; seen first under
+  SLURM, whose step signal and torchrun's own SIGTERM come together). A rank wedged in C
+  holding the GIL runs no Python and so writes no last words: the node agent reads its
+  stack from outside while it is silent (:mod:`ddptop.agent.outside`), and torchrun's
+  SIGKILL ends it.
 * If the program installs its own SIGTERM handler later (Lightning does, for SLURM), ddptop
   still writes its last words but leaves the exit to the program's handler.
 
@@ -72,11 +78,6 @@ class SigtermWatch:
             return False
         self._pipe = (r, w)
         signal.signal(TERM, self._handler)
-        if self._crash_file is not None:
-            try:  # stacks from the signal handler itself, then our trampoline (chain=True)
-                faulthandler.register(TERM, file=self._crash_file, all_threads=True, chain=True)
-            except (ValueError, RuntimeError, OSError):
-                pass
         threading.Thread(target=self._read, name="ddptop-sigterm", daemon=True).start()
         os.register_at_fork(after_in_child=self._forget_in_child)
         self.installed = True
@@ -93,7 +94,6 @@ class SigtermWatch:
                 self._pipe = None
             if signal.getsignal(TERM) == self._handler:
                 signal.signal(TERM, signal.SIG_DFL)
-            faulthandler.unregister(TERM)
         except Exception:
             pass
 
@@ -119,6 +119,12 @@ class SigtermWatch:
     def _last_words_then_die(self) -> None:
         if not self._once.acquire(blocking=False):
             return  # the other path is already at it (or done)
+        if self._crash_file is not None:
+            try:  # every thread's stack, with the GIL held: no frame changes under the walk
+                faulthandler.dump_traceback(file=self._crash_file, all_threads=True)
+                self._crash_file.flush()
+            except (ValueError, RuntimeError, OSError):
+                pass
         # Even a hung last word must not keep the rank alive past the deadline.
         watchdog = threading.Timer(self._deadline_s, self._die)
         watchdog.daemon = True
