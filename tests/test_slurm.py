@@ -161,4 +161,6 @@ def test_torchrun_per_node_under_srun_keeps_the_black_box_and_reads_a_wedged_ran
     job.wait(timeout=90)
     res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
     first = json.loads(res.stdout)["findings"][0]
-    assert "cancelled by SLURM (scancel)" in first["title"] and first["ranks"] == [0, 1], first
+    # The launcher is a task of the job: SLURM keeps the job COMPLETING while it waits, so it
+    # cannot read CANCELLED; it says what it can.
+    assert "stopped by SLURM (scancel or preemption" in first["title"] and first["ranks"] == [0, 1], first

@@ -13,6 +13,7 @@ A rank killed by a person while the job runs reads RUNNING: no verdict, as it sh
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -24,9 +25,11 @@ SCONTROL_TIMEOUT_S = 5.0
 SETTLE_S = 4.0  # how long a COMPLETING or RUNNING job may take to show why it ended
 ASKED_AT_SIGNALS = frozenset(("SIGTERM", "SIGKILL", "SIGINT", ""))  # "": unread (torchrun reaped it first)
 # SLURM's job states that stop a job from outside, as RankExit.cause words.
+# "slurm_stopped": the job was ending (COMPLETING) and could not be told apart further.
 CAUSES = {"CANCELLED": "slurm_cancelled", "TIMEOUT": "slurm_timeout", "PREEMPTED": "slurm_preempted",
           "NODE_FAIL": "slurm_node_fail", "DEADLINE": "slurm_deadline"}
-_STATE = re.compile(r"\bJobState=([A-Z_]{2,32})")
+_FIELD = re.compile(r"\b(JobState|RunTime|TimeLimit)=(\S{1,40})")
+_DURATION = re.compile(r"(?:(\d{1,5})-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{1,2})")
 _JOB = re.compile(r"\d{1,12}(_\d{1,9})?")
 
 
@@ -37,6 +40,7 @@ class SchedulerWatch:
         self._scontrol = scontrol if scontrol is not None else (shutil.which("scontrol") or "")
         self._jobs: dict[int, tuple[int, str]] = {}  # rank -> (pid, SLURM job id)
         self._verdicts: dict[str, str] = {}
+        self._in_step = bool(os.environ.get("SLURM_STEP_ID"))  # this agent is itself a task of a job
 
     def watch(self, rank: int, pid: int, environ: dict[str, str]) -> None:
         """Note *rank*'s SLURM job, from its environment (read while it lives)."""
@@ -54,21 +58,37 @@ class SchedulerWatch:
         return self._verdicts[job]
 
     def _ask(self, job: str) -> str:
-        # A job being cancelled reads COMPLETING (or still RUNNING) for a moment before its
-        # final state: ask again for a few seconds, once per job, at its end.
-        deadline = time.monotonic() + SETTLE_S
+        # A job being cancelled reads COMPLETING (or still RUNNING) until every process of its
+        # steps ended: ask again for a few seconds, once per job, at its end. An agent that is
+        # itself a task of the job (`srun ... ddptop launch -- torchrun`) keeps it COMPLETING
+        # while it waits: it decides at once, from the job's run time against its limit.
+        deadline = time.monotonic() + (0.0 if self._in_step else SETTLE_S)
         while True:
-            state = self._state(job)
+            fields = self._show(job)
+            state = fields.get("JobState", "")
             if state not in ("COMPLETING", "RUNNING") or time.monotonic() >= deadline:
-                return CAUSES.get(state, "")
+                break
             time.sleep(0.25)
+        if state == "COMPLETING":
+            limit = _seconds(fields.get("TimeLimit", ""))
+            ran = _seconds(fields.get("RunTime", ""))
+            return "slurm_timeout" if limit and ran >= limit else "slurm_stopped"
+        return CAUSES.get(state, "")
 
-    def _state(self, job: str) -> str:
+    def _show(self, job: str) -> dict[str, str]:
         try:
             res = subprocess.run([self._scontrol, "show", "job", "-o", job], capture_output=True, text=True,
                                  timeout=SCONTROL_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.debug("scontrol show job %s: %s", job, exc)
-            return ""
-        found = _STATE.search(res.stdout[:65536])
-        return found.group(1) if found else ""
+            return {}
+        return dict(_FIELD.findall(res.stdout[:65536]))
+
+
+def _seconds(text: str) -> int:
+    """SLURM's [days-]hours:minutes:seconds as seconds (0 for UNLIMITED or unreadable)."""
+    found = _DURATION.fullmatch(text)
+    if not found:
+        return 0
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in found.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds

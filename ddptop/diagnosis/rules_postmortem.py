@@ -261,6 +261,7 @@ SCHEDULER_WORDS = {
     "slurm_preempted": "preempted by SLURM",
     "slurm_node_fail": "stopped by SLURM: a node of the job failed (NODE_FAIL)",
     "slurm_deadline": "stopped by SLURM at the job's deadline",
+    "slurm_stopped": "stopped by SLURM (scancel or preemption: the job was ending)",
 }
 
 
