@@ -62,11 +62,12 @@ class SchedulerWatch:
         # steps ended: ask again for a few seconds, once per job, at its end. An agent that is
         # itself a task of the job (`srun ... ddptop launch -- torchrun`) keeps it COMPLETING
         # while it waits: it decides at once, from the job's run time against its limit.
-        deadline = time.monotonic() + (0.0 if self._in_step else SETTLE_S)
+        deadline = time.monotonic() + SETTLE_S
         while True:
             fields = self._show(job)
             state = fields.get("JobState", "")
-            if state not in ("COMPLETING", "RUNNING") or time.monotonic() >= deadline:
+            settled = state not in ("COMPLETING", "RUNNING") or (state == "COMPLETING" and self._in_step)
+            if settled or time.monotonic() >= deadline:
                 break
             time.sleep(0.25)
         if state == "COMPLETING":
