@@ -77,7 +77,7 @@ class ProgressPage:
     def write_loader(self, slot: int, index: int, name: str, length: int | None, passes: int,
                      completed: int, batch: int, steps: int, batch_size: int | None) -> None:
         """One loader's record in full (cold path: a pass begins, or the page is attached)."""
-        base = LOADERS + slot * LOADER_SLOTS
+        base = loader_base(slot)
         ints = self.ints
         ints[base + L_INDEX] = index + 1
         ints[base + L_LENGTH] = -1 if length is None else length
@@ -150,10 +150,9 @@ def apply_page(state: RankState, facts: PageFacts) -> RankState:
     """
     if facts.pid != state.pid or facts.step < state.step:
         return state
-    known = {info.index: info for info in state.loaders}
     loaders = {info.index: info for info in state.loaders}
     for info in facts.loaders:
-        old = known.get(info.index)
+        old = loaders.get(info.index)
         if old is not None:
             info = msgspec.structs.replace(info, workers=old.workers, worker_pids=old.worker_pids,
                                            ready_batches=old.ready_batches, name=info.name or old.name)

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +144,8 @@ def cluster(root: Path, base_env: dict[str, str]) -> Iterator[Cluster]:
             _stop(proc)
 
 
-def _wait(predicate: object, timeout: float, what: str, made: Cluster, fail: bool = True) -> None:
-    assert callable(predicate)
+def _wait(predicate: Callable[[], object], timeout: float, what: str, made: Cluster,
+          fail: bool = True) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -72,7 +72,8 @@ def from_process_group(dist: Any, env: dict[str, str]) -> RankIdentity | None:
         rank, world = int(dist.get_rank()), int(dist.get_world_size())
     except Exception:
         return None
-    local = next((_int(env.get(names[2])) for names in _SOURCES if _int(env.get(names[2])) is not None), None)
+    launcher_locals = [_int(env.get(names[2])) for names in _SOURCES]
+    local = next((value for value in launcher_locals if value is not None), None)
     return RankIdentity(rank=rank, local_rank=local if local is not None else rank, world_size=world,
                         source="process_group", scheduler_job=slurm_job(env), store=_store_address(dist))
 
@@ -100,11 +101,3 @@ def slurm_job(env: dict[str, str]) -> str:
         return ""
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
     return f"{job}.{step}" if re.fullmatch(r"\d{1,9}|batch|extern", step) else job
-
-
-def environment_for(identity: RankIdentity, env: dict[str, str]) -> dict[str, str]:
-    """torchrun's variables for *identity* where the launcher did not set them (so that the
-    rest of ddptop, and the children it spawns, read one vocabulary)."""
-    out = {"RANK": str(identity.rank), "LOCAL_RANK": str(identity.local_rank),
-           "WORLD_SIZE": str(identity.world_size)}
-    return {k: v for k, v in out.items() if k not in env}
