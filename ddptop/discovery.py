@@ -51,6 +51,12 @@ class Endpoint:
     # Port of the node agent (``ddptop launch``) that serves this rank with the rest of its
     # node, at the same host; 0 when there is none (``ddptop.install()`` without a launcher).
     agent_port: int = 0
+    # Added with #22 (older records lack them): the job's TCPStore as "host:port", where every
+    # rank published its endpoint (a viewer that finds some ranks here reads the rest there);
+    # the scheduler's name of the job ("12345.0", SLURM's job.step) and the job's name there.
+    store: str = ""
+    scheduler_job: str = ""
+    job_name: str = ""
 
     @property
     def via_agent(self) -> tuple[str, int] | None:
@@ -77,11 +83,30 @@ class Endpoint:
             start_time=float(data.get("start_time", 0.0)),
             node=str(data.get("node", "")),
             agent_port=int(data.get("agent_port", 0)),
+            store=str(data.get("store", ""))[:300],
+            scheduler_job=str(data.get("scheduler_job", ""))[:64],
+            job_name=str(data.get("job_name", ""))[:200],
         )
+
+
+_viewed_dir: Path | None = None
+
+
+def view_runtime_dir(path: Path | None) -> None:
+    """Make *path* this viewer's runtime directory (None: back to the usual one).
+
+    A viewer that found its job only in another mount namespace's directory (seen through
+    ``/proc/PID/root``, :mod:`ddptop.namespaces`) reads everything of the job there: the
+    job's token, its last words, its black box. Never called in a rank or a node agent.
+    """
+    global _viewed_dir
+    _viewed_dir = path
 
 
 def runtime_dir(create: bool = True) -> Path:
     """Return the per-user runtime directory (created 0700 when *create*)."""
+    if _viewed_dir is not None:
+        return _viewed_dir
     explicit = os.environ.get(RUNTIME_ENV)
     if explicit:
         path = Path(explicit)
@@ -157,28 +182,46 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+MAX_RECORD_BYTES = 64 * 1024
+MAX_RECORDS = 65536  # records read from one directory, at most
+
+
+def records_in(directory: Path) -> list[Endpoint]:
+    """Every well-formed record in *directory* (capped reads, no symlinks), alive or not."""
+    found: list[Endpoint] = []
+    try:
+        paths = sorted(directory.glob("*.json"))[:MAX_RECORDS]
+    except OSError:
+        return []
+    for path in paths:
+        data = private_read(path, MAX_RECORD_BYTES)
+        try:
+            if data is None:
+                raise ValueError("unreadable, a symlink or too large")
+            found.append(Endpoint.from_json(data))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.debug("ignoring unreadable record %s: %s", path, exc)
+    return found
+
+
 def read_records(include_stale: bool = False) -> list[Endpoint]:
     """All well-formed records in the runtime directory, live ones only by default."""
     directory = runtime_dir(create=False)
     if not directory.is_dir():
         return []
-    found: list[Endpoint] = []
-    for path in sorted(directory.glob("*.json")):
-        try:
-            endpoint = Endpoint.from_json(path.read_text())
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.debug("ignoring unreadable record %s: %s", path, exc)
-            continue
-        if include_stale or pid_alive(endpoint.pid):
-            found.append(endpoint)
-    return found
+    return [e for e in records_in(directory) if include_stale or pid_alive(e.pid)]
 
 
-def jobs_on_host(include_stale: bool = False) -> dict[str, list[Endpoint]]:
-    """Records grouped by job id, each job's ranks sorted."""
+def group_by_job(endpoints: list[Endpoint]) -> dict[str, list[Endpoint]]:
+    """*endpoints* grouped by job id, each job's ranks sorted."""
     jobs: dict[str, list[Endpoint]] = {}
-    for endpoint in read_records(include_stale):
+    for endpoint in endpoints:
         jobs.setdefault(endpoint.job_id, []).append(endpoint)
     for ranks in jobs.values():
         ranks.sort(key=lambda e: e.rank)
     return jobs
+
+
+def jobs_on_host(include_stale: bool = False) -> dict[str, list[Endpoint]]:
+    """Records grouped by job id, each job's ranks sorted."""
+    return group_by_job(read_records(include_stale))

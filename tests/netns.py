@@ -109,8 +109,11 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
 
 
 @contextmanager
-def hosts(count: int) -> Iterator[list[Host]]:
-    """Hosts ``.1`` .. ``.count`` of 192.0.2.0/24 on one switch; all deleted on exit."""
+def hosts(count: int, ifname: str = "") -> Iterator[list[Host]]:
+    """Hosts ``.1`` .. ``.count`` of 192.0.2.0/24 on one switch; all deleted on exit.
+
+    With *ifname*, every host's interface has that one name (as ``eth0`` on a real cluster),
+    for launchers such as ``srun`` that give every node the same ``GLOO_SOCKET_IFNAME``."""
     tag = uuid.uuid4().hex[:6]
     switch = f"ddpt-{tag}-sw"
     made = [Host(f"ddpt-{tag}-{i}", f"vd{tag}{i}", f"{SUBNET}.{i + 1}", f"host-{chr(97 + i)}-{tag}")
@@ -132,6 +135,9 @@ def hosts(count: int) -> Iterator[list[Host]]:
             _ip("netns", "exec", switch, "ip", "link", "set", port, "master", "br0")
             _ip("netns", "exec", switch, "ip", "link", "set", port, "up")
             _ip("netns", "exec", switch, "ip", "link", "set", host.ifname, "netns", host.netns)
+            if ifname:
+                _ip("netns", "exec", host.netns, "ip", "link", "set", host.ifname, "name", ifname)
+                host.ifname = ifname
             _ip("netns", "exec", host.netns, "ip", "addr", "add", f"{host.address}/24", "dev", host.ifname)
             _ip("netns", "exec", host.netns, "ip", "link", "set", host.ifname, "up")
             _ip("netns", "exec", host.netns, "ip", "link", "set", "lo", "up")

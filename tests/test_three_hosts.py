@@ -62,10 +62,11 @@ class ThreeHostJob:
         return int(data["pid"])
 
     def steps(self, i: int) -> int:
-        """The lowest step of host *i*'s ranks (0 until both report)."""
+        """The lowest step of host *i*'s ranks (0 until both report). The snapshot holds the
+        other hosts' ranks too (read from the job's store): only this host's count here."""
         res = self.hosts[i].run(ddptop_cmd("snapshot", "--json", self.job_id), self.envs[i], timeout=60)
         try:
-            ranks = json.loads(res.stdout)["ranks"]
+            ranks = [r for r in json.loads(res.stdout)["ranks"] if r["host"] == self.hosts[i].hostname]
         except (ValueError, KeyError):
             return 0
         return min((r["step"] for r in ranks), default=0) if len(ranks) == 2 else 0

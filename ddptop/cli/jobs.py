@@ -18,6 +18,7 @@ from typing import Any
 from ddptop import discovery
 from ddptop.agent import jobrecord
 from ddptop.agent.jobrecord import JobRecord
+from ddptop.client import host_jobs
 from ddptop.errors import UsageError
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
 
@@ -44,11 +45,15 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no ddptop jobs on this host (runtime dir {discovery.runtime_dir(False)})")
         return 0
-    print(f"{'JOB':<20} {'STATE':<8} {'RANKS':>9} {'STARTED':>8} {'RAN':>8} {'RECORD':>8}  OUTCOME")
+    # SLURM's names, where a job has them: `ddptop attach slurm:JOB` finds it by them.
+    slurm = any(row["scheduler_job"] for row in rows)
+    head = f"{'SLURM JOB':<12} {'NAME':<16} " if slurm else ""
+    print(f"{'JOB':<20} {head}{'STATE':<8} {'RANKS':>9} {'STARTED':>8} {'RAN':>8} {'RECORD':>8}  OUTCOME")
     now = time.time()
     for row in rows:
         ran = (row["end_time"] or now) - row["start_time"]
-        print(f"{row['job_id']:<20} {row['state']:<8} {row['alive']:>4}/{row['world_size']:<4} "
+        names = f"{row['scheduler_job'] or '-':<12} {row['job_name'][:16] or '-':<16} " if slurm else ""
+        print(f"{row['job_id']:<20} {names}{row['state']:<8} {row['alive']:>4}/{row['world_size']:<4} "
               f"{human_duration(now - row['start_time']):>8} {human_duration(ran):>8} "
               f"{human_bytes(row['record_bytes']) if row['record_bytes'] else '-':>8}  {row['outcome_text']}")
     return 0
@@ -56,11 +61,16 @@ def run(args: argparse.Namespace) -> int:
 
 def job_rows(include_unrecorded: bool, now: float) -> list[dict[str, Any]]:
     """One dict per job (the ``--json`` document; fields are a public interface: add only)."""
-    live = discovery.jobs_on_host()
-    every = discovery.jobs_on_host(include_stale=True)
+    found = host_jobs.scan()
+    live, every = found.live, found.every
     records = {r.job_id: r for r in jobrecord.list_records()}
     names = set(live) | set(records) | (set(every) if include_unrecorded else set())
     rows = [_row(job, live.get(job, []), every.get(job, []), records.get(job)) for job in names]
+    for row in rows:
+        # added with #22: where the ranks' records were found (another mount namespace's
+        # /tmp, seen through /proc/PID/root, when the job's /tmp is private)
+        hidden = found.hidden.get(row["job_id"])
+        row["runtime_dir"] = str(hidden.path) if hidden else str(discovery.runtime_dir(False))
     return sorted(rows, key=lambda r: (r["start_time"], r["job_id"]))
 
 
@@ -89,6 +99,9 @@ def _row(job: str, alive: list[discovery.Endpoint], ranks: list[discovery.Endpoi
         "outcome_text": _outcome_text(record, alive),
         # added with fleet metrics: where this host's agent serves them ("" when it does not)
         "metrics_url": record.metrics_url if record and not record.ended else "",
+        # added with #22: the scheduler's names of the job ("12345.0", SLURM's job.step)
+        "scheduler_job": next((e.scheduler_job for e in ranks if e.scheduler_job), ""),
+        "job_name": next((e.job_name for e in ranks if e.job_name), ""),
     }
 
 

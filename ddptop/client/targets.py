@@ -19,7 +19,7 @@ from pathlib import Path
 from ddptop import discovery
 from ddptop.agent import jobrecord
 from ddptop.agent.jobrecord import JobRecord
-from ddptop.client import agents
+from ddptop.client import agents, host_jobs
 from ddptop.discovery import Endpoint
 from ddptop.errors import TargetNotFound, UsageError
 
@@ -50,6 +50,7 @@ class JobTarget:
 
 
 SLURM_SCHEME = "slurm:"
+STORE_FILL_TIMEOUT_S = 2.0  # reading the job's store for the ranks of other hosts, at most
 
 
 def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
@@ -61,10 +62,11 @@ def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
         target = job if "." in job else job + "."
     elif target and _HOST_PORT.match(target):
         return _from_store(target, store_timeout_s)
-    live = discovery.jobs_on_host()
+    found = host_jobs.scan()
+    live = found.live
     if target is None:
         if not live:
-            return _latest_ended()
+            return _latest_ended(found)
         if len(live) > 1:
             raise TargetNotFound(
                 f"{len(live)} jobs run on this host ({', '.join(sorted(live))}); name one"
@@ -72,14 +74,17 @@ def resolve(target: str | None, store_timeout_s: float = 5.0) -> JobTarget:
         target = next(iter(live))
     matches = [job for job in live if job == target] or [j for j in live if j.startswith(target)]
     if not matches:
-        return _ended(target)
+        return _ended(target, found)
     if len(matches) > 1:
         raise TargetNotFound(f"job id {target!r} is ambiguous: {', '.join(sorted(matches))}")
     job_id = matches[0]
-    every = discovery.jobs_on_host(include_stale=True).get(job_id, [])
+    found.use(job_id)
     alive = {e.rank: e for e in live[job_id]}
-    dead = [e for e in every if e.rank not in alive]
-    return _job(job_id, sorted(alive.values(), key=lambda e: e.rank), dead)
+    dead = [e for e in found.every.get(job_id, []) if e.rank not in alive]
+    made = _job(job_id, sorted(alive.values(), key=lambda e: e.rank), dead)
+    if made.missing_ranks:
+        _add_from_store(made, min(store_timeout_s, STORE_FILL_TIMEOUT_S))
+    return made
 
 
 def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint],
@@ -92,31 +97,51 @@ def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint],
                      via_agents=agents.via_agents(remote=False))
 
 
-def _ended(target: str) -> JobTarget:
+def _add_from_store(made: JobTarget, timeout_s: float) -> None:
+    """The ranks of other hosts, from the job's TCPStore that this host's ranks name: a job
+    started without node agents (``srun python train.py``) is then seen whole from any node.
+    Nothing is added when the store cannot be read (the ranks stay "no record here")."""
+    stores = [e.store for e in made.endpoints if e.store]
+    match = _HOST_PORT.match(stores[0]) if stores else None
+    if match is None:
+        return
+    try:
+        world, published = read_store(match.group("host").strip("[]"), int(match.group("port")), timeout_s)
+    except Exception:
+        return  # the store is gone or unreachable: what this host has is the answer
+    missing = set(made.missing_ranks)
+    others = [e for e in published if e.rank in missing and e.job_id == made.job_id]
+    made.endpoints = sorted(made.endpoints + others, key=lambda e: e.rank)
+    made.world_size = max(made.world_size, world)
+
+
+def _ended(target: str, found: host_jobs.HostJobs) -> JobTarget:
     """A job whose ranks are all gone: its record, else whatever its ranks left behind."""
     records = {r.job_id: r for r in jobrecord.list_records()}
-    stale = discovery.jobs_on_host(include_stale=True)
+    stale = found.every
     names = set(records) | set(stale)
     matches = [target] if target in names else sorted(j for j in names if j.startswith(target))
     if not matches:
-        raise TargetNotFound(f"no job {target!r} on this host, running or ended (see `ddptop jobs --all`)")
+        raise TargetNotFound(f"no job {target!r} on this host, running or ended "
+                             f"({host_jobs.where_we_looked(found)}; see `ddptop jobs --all`)")
     if len(matches) > 1:
         raise TargetNotFound(f"job id {target!r} is ambiguous: {', '.join(matches)}")
     job_id = matches[0]
+    found.use(job_id)
     return _job(job_id, [], stale.get(job_id, []), records.get(job_id))
 
 
-def _latest_ended() -> JobTarget:
+def _latest_ended(found: host_jobs.HostJobs) -> JobTarget:
     ended = [r for r in jobrecord.list_records() if r.ended]
     if not ended:
         raise TargetNotFound(
-            f"no ddptop job is running on this host (looked in {discovery.runtime_dir(False)}); "
+            f"no ddptop job is running on this host ({host_jobs.where_we_looked(found)}); "
             "start one with `ddptop launch -- torchrun ...`"
         )
     last = max(ended, key=lambda r: (r.end_time or r.start_time, r.job_id))
     print(f"ddptop: no job is running here; job {last.job_id} ended last: reading its record",
           file=sys.stderr)
-    stale = discovery.jobs_on_host(include_stale=True).get(last.job_id, [])
+    stale = found.every.get(last.job_id, [])
     return _job(last.job_id, [], stale, last)
 
 

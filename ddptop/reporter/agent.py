@@ -43,7 +43,7 @@ from ddptop.reporter.last_words import SigtermWatch
 from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
 from ddptop.reporter.server import ReporterServer
-from ddptop.reporter.store_publish import advertise_address
+from ddptop.reporter.store_publish import own_endpoint, publish_endpoint
 from ddptop.reporter.system import SystemSampler
 from ddptop.secrets_filter import mask_value
 from ddptop.status import Status
@@ -103,12 +103,7 @@ class Reporter:
         self._attach_page()
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
         self.sigterm.install()
-        advertise = advertise_address(cfg.bind, cfg.advertise, os.environ.get("MASTER_ADDR"))
-        self.endpoint = discovery.Endpoint(
-            job_id=cfg.job_id, rank=cfg.rank, world_size=cfg.world_size, host=advertise,
-            port=self.server.port, pid=os.getpid(), start_time=self.state.start_time,
-            node=self.state.host, agent_port=cfg.agent_port,
-        )
+        self.endpoint = own_endpoint(cfg, self.server.port, self.state.start_time, self.state.host)
         discovery.write_record(self.endpoint)
         atexit.register(self.shutdown)
         self._thread = threading.Thread(target=self._run, name="ddptop-reporter", daemon=True)
@@ -340,8 +335,6 @@ class Reporter:
             self._publish()
 
     def _publish(self) -> None:
-        from ddptop.reporter.store_publish import publish_endpoint
-
         if self.endpoint is not None:
             publish_endpoint(self.endpoint, self.config.store_timeout_s)
 

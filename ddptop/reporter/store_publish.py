@@ -16,13 +16,36 @@ import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from datetime import timedelta
 
 from ddptop.discovery import STORE_KEY_PREFIX, STORE_WORLD_KEY, Endpoint
+from ddptop.reporter.config import ReporterConfig
+from ddptop.reporter.identity import slurm_job
 
 log = logging.getLogger(__name__)
 
 WILDCARD_BINDS = frozenset(("0.0.0.0", "::", ""))
+
+
+def own_endpoint(cfg: ReporterConfig, port: int, start_time: float, node: str) -> Endpoint:
+    """This rank's discovery record: where it serves, and the names a viewer finds the job by."""
+    env = dict(os.environ)
+    return Endpoint(
+        job_id=cfg.job_id, rank=cfg.rank, world_size=cfg.world_size,
+        host=advertise_address(cfg.bind, cfg.advertise, env.get("MASTER_ADDR")), port=port,
+        pid=os.getpid(), start_time=start_time, node=node, agent_port=cfg.agent_port,
+        store=store_address(env), scheduler_job=slurm_job(env),
+        job_name=env.get("SLURM_JOB_NAME", "")[:200] if env.get("SLURM_JOB_ID") else "",
+    )
+
+
+def store_address(env: Mapping[str, str]) -> str:
+    """"MASTER_ADDR:MASTER_PORT", where :func:`publish_endpoint` publishes ("" without them)."""
+    host, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def publish_endpoint(endpoint: Endpoint, timeout_s: float) -> bool:

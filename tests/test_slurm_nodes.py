@@ -1,0 +1,135 @@
+"""A two-node SLURM job, each node's /tmp private to the job, seen from either node (#22).
+
+Two simulated hosts (network namespaces joined by a switch, each its own hostname and
+interface ``ddpt0``: tests/netns.py) are two SLURM nodes: slurmctld on the first, a slurmd
+on each (tests/slurm.py), and SLURM's ``job_container/tmpfs`` giving every job its own /tmp
+and /dev/shm on every node, as clusters that share nodes configure it. The job is a DDP
+script written for SLURM (``srun -N 2 -n 4 python train.py``, ``ddptop.install()`` first,
+no torchrun, no node agent), multi-node as the README says: ``DDPTOP_BIND=0.0.0.0`` and a
+shared ``DDPTOP_TOKEN``.
+
+A person on either node, in an SSH session outside the job (the node's own /tmp, where the
+ranks' records are not), types ``ddptop snapshot slurm:JOB``: it finds this node's ranks in
+the job's private /tmp (through /proc/PID/root, touching nothing of theirs) and the other
+node's through the job's store, and shows all four training. ``ddptop jobs`` there names
+the job by SLURM's id and name. Skipped with the reason where the machine cannot (not root,
+SLURM missing, no network namespaces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddptop.proctree import stop_tree
+from tests import netns, slurm
+from tests.jobs import BIN, PROBES, ddptop_cmd
+
+pytestmark = pytest.mark.slow
+REASON = slurm.missing() or netns.unavailable()
+TOKEN = "slurm-two-nodes-token"
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.Cluster]:
+    if REASON:
+        pytest.skip(REASON)
+    with netns.hosts(2, ifname="ddpt0") as made, \
+            slurm.cluster(tmp_path_factory.mktemp("slurm2"), {}, hosts=made, private_tmp=True) as cluster:
+        yield cluster
+
+
+def _env(cluster: slurm.Cluster, **extra: str) -> dict[str, str]:
+    """No DDPTOP_RUNTIME_DIR: the ranks use their /tmp, which SLURM makes private to the job."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPTOP_", "SLURM_"))}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               SLURM_CONF=cluster.env["SLURM_CONF"], DDPTOP_TOKEN=TOKEN, **extra)
+    return env
+
+
+def _viewer(cluster: slurm.Cluster, on: netns.Host, *args: str) -> subprocess.CompletedProcess[str]:
+    """A ddptop verb typed on node *on*, outside the job (bounded)."""
+    return subprocess.run(cluster.command(ddptop_cmd(*args), on=on), env=_env(cluster), capture_output=True,
+                          text=True, timeout=90, check=False)
+
+
+@pytest.fixture
+def two_node_job(two_nodes: slurm.Cluster,
+                 tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """``srun -N 2 -n 4`` of probes/slurm_ddp.py, started on node a; (srun, SLURM job.step, log)."""
+    a = two_nodes.hosts[0]
+    env = _env(two_nodes, MASTER_ADDR=a.address, MASTER_PORT=str(random.randint(20000, 40000)),
+               GLOO_SOCKET_IFNAME="ddpt0", DDPTOP_BIND="0.0.0.0", DDPTOP_INTERVAL="0.25",
+               PROBE_SECONDS="120", PROBE_DEATH="none")
+    argv = ["srun", "-N", "2", "-n", "4", "--ntasks-per-node", "2", "--job-name", "ddp-two-nodes",
+            str(BIN / "python"), str(PROBES / "slurm_ddp.py")]
+    log = tmp_path / "srun.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(two_nodes.command(argv), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        steps: set[str] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = [line.split()[-4] for line in log.read_text(errors="replace").splitlines()
+                     if ": slurm job " in line]
+            if len(found) == 4:
+                steps = set(found)
+                break
+            time.sleep(0.2)
+        assert len(steps) == 1, log.read_text(errors="replace")[-3000:]
+        yield proc, steps.pop(), log
+    finally:
+        two_nodes.run("scancel", "--name", "ddp-two-nodes")
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop_tree(proc)
+        print(log.read_text(errors="replace")[-3000:])
+
+
+def _all_training(cluster: slurm.Cluster, on: netns.Host, target: str) -> dict[str, Any]:
+    """`ddptop snapshot --json TARGET` on *on* until all four ranks train (bounded)."""
+    deadline = time.monotonic() + 120
+    last = ""
+    while time.monotonic() < deadline:
+        res = _viewer(cluster, on, "snapshot", "--json", "--timeout", "2", target)
+        last = res.stderr.strip() or res.stdout[-1000:]
+        doc = json.loads(res.stdout) if res.stdout.strip() else None
+        if doc and sorted(r["rank"] for r in doc["ranks"] if r["status"] == "running" and r["step"] > 0) \
+                == [0, 1, 2, 3]:
+            return dict(doc)
+        time.sleep(0.5)
+    raise AssertionError(f"four training ranks never seen from {on.hostname}: {last}")
+
+
+def test_a_two_node_job_with_private_tmp_is_seen_whole_from_either_node(
+        two_nodes: slurm.Cluster, two_node_job: tuple[subprocess.Popen[bytes], str, Path]) -> None:
+    a, b = two_nodes.hosts
+    _proc, step, _log = two_node_job
+    # Outside the job, this node's /tmp holds no record of it: the ranks' /tmp is the job's.
+    for host in (a, b):
+        doc = _all_training(two_nodes, host, f"slurm:{step.split('.')[0]}")
+        assert doc["job"]["id"] == step and doc["job"]["world_size"] == 4, doc["job"]
+        assert {r["rank"]: r["host"] for r in doc["ranks"]} == {
+            0: a.hostname, 1: a.hostname, 2: b.hostname, 3: b.hostname}, doc["ranks"]
+    # `ddptop jobs` on node b: SLURM's id and name, and where the records were found.
+    res = _viewer(two_nodes, b, "jobs", "--json")
+    rows = [r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == step]
+    assert rows and rows[0]["scheduler_job"] == step and rows[0]["job_name"] == "ddp-two-nodes", res.stdout
+    assert rows[0]["runtime_dir"].startswith("/proc/") and rows[0]["ranks"] == [2, 3], rows[0]
+    table = _viewer(two_nodes, b, "jobs").stdout
+    assert "SLURM JOB" in table and "ddp-two-nodes" in table, table
+    # A job that is not there: one line saying where ddptop looked.
+    res = _viewer(two_nodes, b, "snapshot", "slurm:999999")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode != 0 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "private /tmp of other mount namespaces" in lines[0], lines[0]
