@@ -225,3 +225,24 @@ def group_by_job(endpoints: list[Endpoint]) -> dict[str, list[Endpoint]]:
 def jobs_on_host(include_stale: bool = False) -> dict[str, list[Endpoint]]:
     """Records grouped by job id, each job's ranks sorted."""
     return group_by_job(read_records(include_stale))
+
+
+AGENT_SUFFIX = "agent"  # <job>.agent: "PORT PID" of a node agent that ranks did not start knowing
+
+
+def write_agent_port(job_id: str, port: int) -> Path:
+    """Say where this host's node agent of *job_id* serves (``python -m ddptop.agent
+    --serve``, spawned by a rank after the ranks started): ranks read it and name it."""
+    path = runtime_dir() / f"{job_id}.{AGENT_SUFFIX}"
+    private_write(path, f"{int(port)} {os.getpid()}".encode())
+    return path
+
+
+def read_agent_port(job_id: str) -> int:
+    """The port of this host's live node agent of *job_id* from its file (0 if none)."""
+    data = private_read(runtime_dir(create=False) / f"{job_id}.{AGENT_SUFFIX}", 64)
+    try:
+        port, pid = (int(x) for x in (data or b"").split())
+    except ValueError:
+        return 0
+    return port if 0 < port < 65536 and pid_alive(pid) else 0

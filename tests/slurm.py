@@ -31,7 +31,7 @@ CLIENTS = ("srun", "sinfo", "squeue", "scancel")
 # kernel (6.18) numbers namespaces from per-CPU batches, so a job's namespace made on one CPU
 # can get a smaller number than slurmd's own, made on another, and the kernel's loop check
 # then refuses slurmstepd's bind of it ("ns base mount failed: Invalid argument"): seen in
-# 7 of 14 starts unpinned, 0 of 14 pinned. Its tasks inherit the pin.
+# 6 of 10 jobs unpinned, 0 of 14 pinned. Its tasks inherit the pin.
 PIN = ["taskset", "-c", "0"]
 
 

@@ -62,13 +62,15 @@ def _viewer(cluster: slurm.Cluster, on: netns.Host, *args: str) -> subprocess.Co
 
 
 @pytest.fixture
-def two_node_job(two_nodes: slurm.Cluster,
-                 tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
-    """``srun -N 2 -n 4`` of probes/slurm_ddp.py, started on node a; (srun, SLURM job.step, log)."""
+def two_node_job(two_nodes: slurm.Cluster, tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """``srun -N 2 -n 4`` of probes/slurm_ddp.py, started on node a; (srun, SLURM job.step, log).
+    Parametrised with a dict: the probe's planted failure (PROBE_* variables)."""
     a = two_nodes.hosts[0]
+    plant = dict(getattr(request, "param", {"PROBE_DEATH": "none"}))
     env = _env(two_nodes, MASTER_ADDR=a.address, MASTER_PORT=str(random.randint(20000, 40000)),
                GLOO_SOCKET_IFNAME="ddpt0", DDPTOP_BIND="0.0.0.0", DDPTOP_INTERVAL="0.25",
-               PROBE_SECONDS="120", PROBE_DEATH="none")
+               PROBE_SECONDS="120", **plant)
     argv = ["srun", "-N", "2", "-n", "4", "--ntasks-per-node", "2", "--job-name", "ddp-two-nodes",
             str(BIN / "python"), str(PROBES / "slurm_ddp.py")]
     log = tmp_path / "srun.log"
@@ -126,6 +128,13 @@ def test_a_two_node_job_with_private_tmp_is_seen_whole_from_either_node(
     rows = [r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == step]
     assert rows and rows[0]["scheduler_job"] == step and rows[0]["job_name"] == "ddp-two-nodes", res.stdout
     assert rows[0]["runtime_dir"].startswith("/proc/") and rows[0]["ranks"] == [2, 3], rows[0]
+    # install() alone: the node's first task started its node agent, which serves beyond
+    # loopback and exchanges news with the other node's (its record, in the job's /tmp, says so).
+    record = Path(rows[0]["runtime_dir"]) / "jobs" / step / "job.json"
+    deadline = time.monotonic() + 60
+    while "exchanged news with 1 of 1" not in (text := record.read_text() if record.exists() else ""):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.2)
     table = _viewer(two_nodes, b, "jobs").stdout
     assert "SLURM JOB" in table and "ddp-two-nodes" in table, table
     # A job that is not there: one line saying where ddptop looked.
@@ -133,3 +142,28 @@ def test_a_two_node_job_with_private_tmp_is_seen_whole_from_either_node(
     lines = res.stderr.strip().splitlines()
     assert res.returncode != 0 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     assert "private /tmp of other mount namespaces" in lines[0], lines[0]
+
+
+WEDGE = {"PROBE_DEATH": "wedge_gil", "PROBE_DIE_RANK": "3", "PROBE_DIE_AT_STEP": "10", "PROBE_WEDGE_S": "100"}
+
+
+@pytest.mark.parametrize("two_node_job", [WEDGE], indirect=True, ids=["rank-3-wedged"])
+def test_a_rank_wedged_on_the_other_node_is_read_from_outside_there_and_named_here(
+        two_nodes: slurm.Cluster, two_node_job: tuple[subprocess.Popen[bytes], str, Path]) -> None:
+    """Rank 3, on node b, wedges in C holding the GIL: its reporter cannot answer. Node b's
+    agent (started by the node's first task, install() alone) reads its stack from outside;
+    `doctor` typed on node a names rank 3 with the frame it is stuck in."""
+    a, _b = two_nodes.hosts
+    _proc, step, log = two_node_job
+    deadline = time.monotonic() + 120
+    while "wedged in C holding the GIL" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    found: list[dict[str, Any]] = []
+    out = ""
+    while not found and time.monotonic() < deadline + 60:
+        res = _viewer(two_nodes, a, "doctor", "--json", "--watch", "1", f"slurm:{step}")
+        out = res.stdout[-2000:] + res.stderr[-1000:]
+        doc = json.loads(res.stdout) if res.stdout.strip() else {"findings": []}
+        found = [f for f in doc["findings"] if f["kind"] == "rank_unresponsive"]
+    assert found and found[0]["ranks"] == [3] and "wedge()" in str(found[0]["title"]), out

@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", metavar="[ADDR:]PORT", default=os.environ.get(METRICS_PORT_ENV),
                         help="serve Prometheus metrics there (default $DDPTOP_METRICS_PORT, else off)")
     parser.add_argument("--serve", metavar="ADDR", default="",
-                        help="serve this node's ranks to viewers on ADDR (its port is printed on stderr; "
-                             "ranks started before it do not name it, so viewers must be told)")
+                        help="serve this node's ranks to viewers (and the other nodes' agents) on ADDR; "
+                             "its port goes to <job>.agent in the runtime directory, where the ranks "
+                             "read it and name it in their records and the job's store")
     parser.add_argument("--stacks-signal", action="store_true",
                         help="let outside reads of a silent rank interrupt it (SIGUSR2, py-spy --native)")
     args = parser.parse_args(argv)
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             token = auth.token_for_bind(args.serve, auth.load_token()
                                         or (job_token.read(args.job_id) if local else None))
             port = agent.serve(args.serve, token)
+            discovery.write_agent_port(args.job_id, port)  # the ranks name it from now on
             print(f"ddptop agent: serving viewers on {args.serve}:{port}", file=sys.stderr, flush=True)
         except (DdptopError, OSError) as exc:
             print(f"ddptop agent: not serving viewers: {exc}", file=sys.stderr, flush=True)
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     record = agent.finish(None, grace_s=2.0)
     (jobrecord.job_dir(args.job_id) / LOCK_FILE).unlink(missing_ok=True)
+    (discovery.runtime_dir(create=False) / f"{args.job_id}.{discovery.AGENT_SUFFIX}").unlink(missing_ok=True)
     job_token.remove(args.job_id)
     summary = {"job_id": args.job_id, "ranks": len(record.ranks),
                "seconds": round(time.monotonic() - began, 3), "record_bytes": record.record_bytes,

@@ -55,8 +55,8 @@ class NodeNews:
         env = rank_environ(endpoint.pid)
         addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
         local, world = env.get("LOCAL_WORLD_SIZE", ""), env.get("WORLD_SIZE", "")
-        if not addr or not port.isdigit() or (local and local == world):
-            return  # not torchrun's, or one node: nobody to exchange with
+        if not addr or not port.isdigit() or (local and local == world) or env.get("SLURM_NNODES") == "1":
+            return  # no store, or one node (torchrun's or SLURM's word): nobody to exchange with
         own = endpoint.via_agent
         assert own is not None
         self.exchange = Exchange(self.job_id, self._token, self._on_remote, own)

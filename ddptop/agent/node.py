@@ -2,17 +2,15 @@
 
 ``ddptop launch`` runs it on a thread beside the command it launched. It
 
-* finds the job's local ranks as they announce themselves in the runtime directory,
-  subscribes to each (one :class:`~ddptop.client.live.LiveSource`), and writes everything
-  they send into the job's black box (:class:`~ddptop.agent.recording.JobRecording`);
+* finds the job's local ranks in the runtime directory, subscribes to each (a ``LiveSource``)
+  and writes all they send into the black box (:class:`~ddptop.agent.recording.JobRecording`);
 * watches every rank's process from outside (:class:`~ddptop.agent.exits.ExitWatcher`):
   when one ends, it records how (exit code or signal), its last words, its crash file and
   the crash files of its dead DataLoader workers, before anything is cleaned up;
 * reads a rank that stops answering from outside (:mod:`ddptop.agent.outside`: py-spy,
   faulthandler's signal, /proc) and leaves where it is stuck in ``<job>.<rank>.stuck`` for
   viewers on this host, and in the black box;
-* keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current, so ``ddptop jobs``,
-  ``doctor``, ``replay`` and ``export`` work on the job after it is gone;
+* keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current: ``jobs``, ``doctor``, ``replay``;
 * serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`);
 * exchanges news with the job's other node agents (:mod:`ddptop.agent.news`): what they tell
   goes into this black box too, so any surviving node's record tells the whole job's ending.
@@ -237,11 +235,13 @@ class NodeAgent:
         new: list[Endpoint] = []
         for endpoint in discovery.jobs_on_host(include_stale=True).get(self.job_id, []):
             known = self._known.get(endpoint.rank)
-            if known is not None and known.pid == endpoint.pid:
+            if known is not None and (known.pid, known.agent_port) == (endpoint.pid, endpoint.agent_port):
                 continue
             self._known[endpoint.rank] = endpoint
+            self._news.rank_found(endpoint)  # again once it names this agent (install() spawned it)
+            if known is not None and known.pid == endpoint.pid:
+                continue
             new.append(endpoint)
-            self._news.rank_found(endpoint)
             with self._lock:
                 self._exits.watch(endpoint.rank, endpoint.pid)
                 self._memory.watch(endpoint.rank, endpoint.pid)

@@ -64,13 +64,22 @@ def job_rows(include_unrecorded: bool, now: float) -> list[dict[str, Any]]:
     found = host_jobs.scan()
     live, every = found.live, found.every
     records = {r.job_id: r for r in jobrecord.list_records()}
+    for job_id, hidden in found.hidden.items():  # a job in a private /tmp keeps its record there
+        if job_id not in records:
+            discovery.view_runtime_dir(hidden.path)
+            try:
+                record = jobrecord.read_record(job_id)
+            finally:
+                discovery.view_runtime_dir(None)
+            if record is not None:
+                records[job_id] = record
     names = set(live) | set(records) | (set(every) if include_unrecorded else set())
     rows = [_row(job, live.get(job, []), every.get(job, []), records.get(job)) for job in names]
     for row in rows:
         # added with #22: where the ranks' records were found (another mount namespace's
         # /tmp, seen through /proc/PID/root, when the job's /tmp is private)
-        hidden = found.hidden.get(row["job_id"])
-        row["runtime_dir"] = str(hidden.path) if hidden else str(discovery.runtime_dir(False))
+        place = found.hidden.get(row["job_id"])
+        row["runtime_dir"] = str(place.path) if place else str(discovery.runtime_dir(False))
     return sorted(rows, key=lambda r: (r["start_time"], r["job_id"]))
 
 

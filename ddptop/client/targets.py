@@ -113,6 +113,8 @@ def _add_from_store(made: JobTarget, timeout_s: float) -> None:
     others = [e for e in published if e.rank in missing and e.job_id == made.job_id]
     made.endpoints = sorted(made.endpoints + others, key=lambda e: e.rank)
     made.world_size = max(made.world_size, world)
+    if others:  # a job of several hosts: watched as one named by its store is (DDPTOP_VIA)
+        made.via_agents = agents.via_agents(remote=True)
 
 
 def _ended(target: str, found: host_jobs.HostJobs) -> JobTarget:

@@ -39,8 +39,11 @@ def spawn_node_agent(job_id: str) -> None:
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
     try:
+        # It serves where the ranks do (DDPTOP_BIND): viewers and the other nodes' agents
+        # reach this node through it, as under `ddptop launch` (the ranks learn its port).
+        serve = os.environ.get("DDPTOP_BIND", "127.0.0.1")
         subprocess.Popen([sys.executable, "-m", "ddptop.agent", "--job-id", job_id,
-                          "--rank-pid", str(os.getpid())], env=env,
+                          "--rank-pid", str(os.getpid()), "--serve", serve], env=env,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, close_fds=True)
     except OSError as exc:

@@ -43,7 +43,7 @@ from ddptop.reporter.last_words import SigtermWatch
 from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
 from ddptop.reporter.server import ReporterServer
-from ddptop.reporter.store_publish import own_endpoint, publish_endpoint
+from ddptop.reporter.store_publish import Announcer, own_endpoint
 from ddptop.reporter.system import SystemSampler
 from ddptop.secrets_filter import mask_value
 from ddptop.status import Status
@@ -77,11 +77,10 @@ class Reporter:
         self.sigterm: SigtermWatch | None = None
         self._thread: threading.Thread | None = None
         self.server: ReporterServer | None = None
-        self.endpoint: discovery.Endpoint | None = None
+        self.announcer: Announcer | None = None
         self._last_wait = 0.0
         self._last_step_time = 0.0
         self._last_steps = 0
-        self._published = False
         self._torch_ready = False
         self._train_loader: LoaderRecord | None = None
         self._loader_steps: dict[int, int] = {}
@@ -103,8 +102,8 @@ class Reporter:
         self._attach_page()
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
         self.sigterm.install()
-        self.endpoint = own_endpoint(cfg, self.server.port, self.state.start_time, self.state.host)
-        discovery.write_record(self.endpoint)
+        endpoint = own_endpoint(cfg, self.server.port, self.state.start_time, self.state.host)
+        self.announcer = Announcer(endpoint, cfg.store_timeout_s)
         atexit.register(self.shutdown)
         self._thread = threading.Thread(target=self._run, name="ddptop-reporter", daemon=True)
         self._thread.start()
@@ -324,19 +323,15 @@ class Reporter:
         if s.versions.nccl is None and s.versions.cuda:
             # Asked only once the program initialised CUDA itself (never by the reporter).
             s.versions.nccl = environment.nccl_version(sys.modules["torch"])
-        if not c10d.is_initialized():
+        ready = c10d.is_initialized()
+        if self.announcer is not None:
+            self.announcer.tick(group_ready=ready)
+        if not ready:
             return
         s.collectives = self.collectives.groups(c10d, now)
         s.backend = self.collectives.backend
         if s.gpu is not None and s.versions.driver is None:
             s.versions.driver = s.gpu.driver
-        if not self._published:
-            self._published = True  # one try: a store that refuses once will refuse again
-            self._publish()
-
-    def _publish(self) -> None:
-        if self.endpoint is not None:
-            publish_endpoint(self.endpoint, self.config.store_timeout_s)
 
     # ------------------------------------------------------------ training-thread callbacks
 

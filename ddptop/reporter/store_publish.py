@@ -16,9 +16,12 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 
+from ddptop import discovery
 from ddptop.discovery import STORE_KEY_PREFIX, STORE_WORLD_KEY, Endpoint
 from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.identity import slurm_job
@@ -26,6 +29,41 @@ from ddptop.reporter.identity import slurm_job
 log = logging.getLogger(__name__)
 
 WILDCARD_BINDS = frozenset(("0.0.0.0", "::", ""))
+
+
+AGENT_WAIT_S = 300.0  # how long a rank looks for a node agent spawned after it started
+
+
+class Announcer:
+    """Where this rank says where it serves: its discovery record and the job's store.
+
+    Under ``ddptop launch`` the ranks know their node agent from the start. With
+    ``install()`` alone, local rank 0 spawns the agent after the ranks started: each rank
+    looks for its file once per sample (a failed open, at most :data:`AGENT_WAIT_S`), then
+    names it in its record and in the store, so viewers and the other nodes' agents reach
+    this node through it. Runs on the reporter thread; never raises into training.
+    """
+
+    def __init__(self, endpoint: Endpoint, store_timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self._timeout_s = store_timeout_s
+        self._published = False
+        self._agent_until = 0.0 if endpoint.agent_port else time.monotonic() + AGENT_WAIT_S
+        discovery.write_record(endpoint)
+
+    def tick(self, group_ready: bool) -> None:
+        """Once per sample: adopt a node agent that appeared; publish once the group is up."""
+        if self._agent_until and time.monotonic() < self._agent_until:
+            port = discovery.read_agent_port(self.endpoint.job_id)
+            if port:
+                self._agent_until = 0.0
+                self.endpoint = replace(self.endpoint, agent_port=port)
+                discovery.write_record(self.endpoint)
+                if self._published:
+                    publish_endpoint(self.endpoint, self._timeout_s)
+        if group_ready and not self._published:
+            self._published = True  # one try: a store that refuses once will refuse again
+            publish_endpoint(self.endpoint, self._timeout_s)
 
 
 def own_endpoint(cfg: ReporterConfig, port: int, start_time: float, node: str) -> Endpoint:
