@@ -18,9 +18,11 @@ def human_bytes(value: float | None) -> str:
 
 
 def human_duration(seconds: float | None) -> str:
-    """75 -> '1m15s'; None -> '-'."""
+    """75 -> '1m15s'; None -> '-'; under a millisecond '<1ms' (never "about 0ms")."""
     if seconds is None:
         return "-"
+    if 0 < seconds < 0.0005:
+        return "<1ms"
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
@@ -72,9 +74,20 @@ def tensor_text(shapes: Sequence[Sequence[int]], dtype: str = "") -> str:
     return f"{dims} {dtype_text(dtype)}".strip() if dims else dtype_text(dtype)
 
 
+def op_tensors(sizes: Sequence[Sequence[Sequence[int]]], dtype: str = "") -> str:
+    """A collective's [inputs, outputs] as a person reads them: '[6922] -> [4, 6922] float32'
+    (outputs only where they differ from the inputs: an all_gather, a reduce_scatter)."""
+    if not sizes or not sizes[0]:
+        return dtype_text(dtype)
+    inputs = tensor_text(sizes[0])
+    if len(sizes) > 1 and sizes[1] and [list(s) for s in sizes[1]] != [list(s) for s in sizes[0]]:
+        inputs = f"{inputs} -> {tensor_text(sizes[1])}"
+    return f"{inputs} {dtype_text(dtype)}".strip()
+
+
 def op_text(op: object) -> str:
     """A collective as a person reads it: 'all_reduce [64] float32' (the backend prefix dropped)."""
     name = str(getattr(op, "op", "?")).split(":", 1)[-1]
     sizes = getattr(op, "sizes", None) or []
-    tensors = tensor_text(sizes[0], str(getattr(op, "dtype", ""))) if sizes and sizes[0] else ""
+    tensors = op_tensors(sizes, str(getattr(op, "dtype", ""))) if sizes and sizes[0] else ""
     return f"{name} {tensors}".strip()

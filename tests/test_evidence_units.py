@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ddptop.errors import EvidenceError
 from ddptop.evidence import frdump, safe_pickle, scan
-from ddptop.textfmt import op_text, tensor_text
+from ddptop.textfmt import human_duration, op_tensors, op_text, tensor_text
 
 WRITER = """
 import os, sys, torch, torch.distributed as dist
@@ -135,6 +135,11 @@ def test_fuzzed_dumps_raise_only_evidence_errors(real_dumps: Path, data: st.Data
 def test_tensor_text() -> None:
     assert tensor_text([[4, 6922]], "Float") == "[4, 6922] float32"
     assert tensor_text([[2], [3, 3]], "BFloat16") == "[2] + [3, 3] bfloat16"
+    # A collective's [inputs, outputs]: outputs shown only where they differ (#21: never
+    # "[[[6922]], [[4, 6922]]]"); times under a millisecond never read "0ms".
+    assert op_tensors([[[6922]], [[4, 6922]]], "Float") == "[6922] -> [4, 6922] float32"
+    assert op_tensors([[[64]], [[64]]], "Float") == "[64] float32" and op_tensors([], "Half") == "float16"
+    assert (human_duration(0.0001), human_duration(0.0), human_duration(0.004)) == ("<1ms", "0ms", "4ms")
 
 
 def test_stderr_tail_passes_everything_through_and_keeps_a_masked_capped_tail(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def test_gloo_size_enforce_names_the_rank_with_the_extra_evaluation_batch() -> N
     states.append(ended(3, ENFORCE, status="crashed", loaders=loaders(14, 14)))
     (f,) = findings(states)
     assert (f.kind, f.ranks, f.step) == ("collective_mismatch", [3], 13)
-    assert "expected 4 bytes where a peer sent 1092" in f.title and "gloo:all_reduce [273] Float" in f.title
+    assert "expected 4 bytes where a peer sent 1092" in f.title and "all_reduce [273] float32" in f.title
     assert "batch 14 of evaluation loader #1, which has 13 batches on ranks 0-2" in f.title
 
 
@@ -89,7 +89,7 @@ def test_watchdog_names_the_rank_that_never_reached_the_op_or_the_op_itself() ->
     never.append(ended(3, "terminated by SIGTERM", collectives=last_op(11, 1)))
     (f,) = findings(never)
     assert (f.kind, f.ranks) == ("collective_stall", [3]) and "never reached it" in f.title
-    said = "rank 3: no watchdog timeout at seq 12; its last collective: gloo:all_reduce [1] Float, seq 11"
+    said = "rank 3: no watchdog timeout at seq 12; its last collective: all_reduce [1] float32, seq 11"
     assert said in f.evidence, f.evidence
     every = [ended(r, watchdog(r, 12, "ALLREDUCE", 1), status="crashed") for r in range(4)]
     (g,) = findings(every)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     if not rows:
-        print(f"no ddptop jobs on this host (runtime dir {discovery.runtime_dir(False)})")
+        print(f"no ddptop jobs on this host ({host_jobs.where_we_looked(host_jobs.scan())})")
         return 0
     # SLURM's names, where a job has them: `ddptop attach slurm:JOB` finds it by them.
     slurm = any(row["scheduler_job"] for row in rows)

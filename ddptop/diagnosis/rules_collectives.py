@@ -17,6 +17,7 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
+from ddptop.textfmt import op_tensors, op_text
 
 _UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
 
@@ -26,11 +27,6 @@ class _Entry:
     rank: int
     op: PendingOp
     age: float
-
-
-def _label(op: PendingOp) -> str:
-    sizes = f" {op.sizes[0]}" if op.sizes and op.sizes[0] else ""
-    return f"{op.op}{sizes}"
 
 
 def _pending_by_seq(states: list[RankState], pg: str, now: float) -> dict[int, list[_Entry]]:
@@ -73,14 +69,14 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
             for e in entries:
                 sides.setdefault(_key(e.op), []).append(e)
             parts = [f"{ranks_text(e.rank for e in es)} in {es[0].op.op} #{seq}"
-                     + (f" sizes {es[0].op.sizes}" if es[0].op.sizes else "")
+                     + (f" {op_tensors(es[0].op.sizes, es[0].op.dtype)}" if es[0].op.sizes else "")
                      for _, es in sorted(sides.items(), key=lambda kv: kv[0] != major)]
             odd = sorted(e.rank for e in entries if _key(e.op) != major)
             oldest = max(e.age for e in entries)
             out.append(Finding(
                 kind="collective_mismatch", severity="critical", ranks=odd,
                 title=f"collective mismatch in group {pg} at #{seq}: " + "; ".join(parts),
-                evidence=[f"rank {e.rank}: {_label(e.op)} #{seq}, waiting {human_duration(e.age)}"
+                evidence=[f"rank {e.rank}: {op_text(e.op)} #{seq}, waiting {human_duration(e.age)}"
                           for e in sorted(entries, key=lambda e: e.rank)]
                 + [f"these ranks entered collective #{seq} with different calls: it can never complete"
                    f" (oldest waits {human_duration(oldest)})"],

@@ -36,6 +36,7 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
+from ddptop.textfmt import op_text
 
 GLOO_SIZE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d{1,15}) vs (\d{1,15})")
 WATCHDOG = re.compile(
@@ -71,10 +72,10 @@ def gloo_size_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     if sides:
         members = max(sides.values(), key=len)
         op = peers[members[0]]
-        where = f"; {ranks_text(members)} were in {_label(op)} (seq {op.seq})"
+        where = f"; {ranks_text(members)} were in {op_text(op)} (seq {op.seq})"
         for side in sides.values():
             last = peers[side[0]]
-            evidence.append(f"{ranks_text(side)}: last collective {_label(last)}, seq {last.seq} "
+            evidence.append(f"{ranks_text(side)}: last collective {op_text(last)}, seq {last.seq} "
                             "(their last Flight Recorder read)")
     if extra is not None:
         evidence.append(f"rank {rank} at its death (its progress page): {extra[1]}")
@@ -112,11 +113,6 @@ def _last_op(state: RankState) -> PendingOp | None:
     """A rank's latest collective in the default group: pending, else the last one recorded."""
     ops = [op for g in state.collectives if g.pg == "0" for op in (*g.recent, *g.pending)]
     return max(ops, key=lambda op: op.seq) if ops else None
-
-
-def _label(op: PendingOp) -> str:
-    shapes = " ".join(str(list(shape)) for shape in op.sizes[0]) if op.sizes else ""
-    return " ".join(part for part in (op.op, shapes, op.dtype) if part)
 
 
 def _elements(nbytes: int) -> str:
@@ -173,7 +169,7 @@ def watchdog_timeout(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
         for rank in missing:
             state = snapshot.by_rank().get(rank)
             op = _last_op(state) if state is not None else None
-            where = f"its last collective: {_label(op)}, seq {op.seq}" if op is not None else "nothing known"
+            where = f"its last collective: {op_text(op)}, seq {op.seq}" if op is not None else "nothing known"
             evidence.append(f"rank {rank}: no watchdog timeout at seq {seq}; {where}")
         title = (f"{ranks_text(waited)} waited {t.ran_ms / 1000:.0f} s in {_what(t, short=True)} at seq "
                  f"{seq} until NCCL's watchdog aborted them; {ranks_text(missing)} never reached it")
@@ -190,7 +186,7 @@ def watchdog_timeout(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
 
 
 def _what(t: _Timeout, short: bool = False) -> str:
-    size = f" of {t.numel} elements" if t.numel is not None else ""
+    size = f" of {t.numel} element{'' if t.numel == 1 else 's'}" if t.numel is not None else ""
     if short:
         return f"{t.op}{size}"
     limit = f" (timeout {t.timeout_ms / 1000:.0f} s)" if t.timeout_ms else ""

@@ -30,7 +30,7 @@ from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.status import Status
-from ddptop.textfmt import human_bytes
+from ddptop.textfmt import human_bytes, op_text
 
 FATAL_SIGNALS = frozenset(("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"))
 FAILED = frozenset((Status.CRASHED, Status.TERMINATED, Status.LOST))
@@ -93,20 +93,15 @@ def _left_early(snapshot: JobSnapshot, pg: str,
     return Finding(
         kind="collective_mismatch", severity="critical", ranks=early, step=step,
         title=(f"{ranks_text(early)} exited cleanly after collective #{last[early[0]]}{where} at step "
-               f"{step}, while {ranks_text(waiting)} entered #{top} ({_label(op)}) and waited for "
+               f"{step}, while {ranks_text(waiting)} entered #{top} ({op_text(op)}) and waited for "
                f"{ranks_text(early)} there: the ranks ran different numbers of collectives"),
-        evidence=[f"rank {r}: last collective #{last[r]} ({_label(by_seq[last[r]][r])}), "
+        evidence=[f"rank {r}: last collective #{last[r]} ({op_text(by_seq[last[r]][r])}), "
                   f"step {states[r].step}, {states[r].status}" for r in sorted(last)],
         remedy=SAME_OPS_REMEDY)
 
 
 def _signature(op: PendingOp) -> tuple[str, str]:
     return op.op, repr(op.sizes[0] if op.sizes else [])
-
-
-def _label(op: PendingOp) -> str:
-    sizes = f" {op.sizes[0]}" if op.sizes and op.sizes[0] else ""
-    return f"{op.op}{sizes}"
 
 
 Divergence = tuple[int, list[list[int]], dict[int, PendingOp]]  # seq, sides (smallest first), ops
@@ -129,10 +124,10 @@ def _divergence_finding(snapshot: JobSnapshot, pg: str, seq: int, sides: list[li
     states = snapshot.by_rank()
     odd, rest = sides[0], [r for side in sides[1:] for r in side]
     certain = len(odd) < len(sides[1])
-    lines = [f"{ranks_text(side)}: {_label(ops[side[0]])} (step {_step(states, side)})" for side in sides]
+    lines = [f"{ranks_text(side)}: {op_text(ops[side[0]])} (step {_step(states, side)})" for side in sides]
     where = f"seq {seq}" + (f" of process group {pg}" if pg != "0" else "")
-    title = (f"{ranks_text(odd)} ran a different collective at {where}: {_label(ops[odd[0]])}, while "
-             f"{ranks_text(rest)} ran {_label(ops[rest[0]])}")
+    title = (f"{ranks_text(odd)} ran a different collective at {where}: {op_text(ops[odd[0]])}, while "
+             f"{ranks_text(rest)} ran {op_text(ops[rest[0]])}")
     if not certain:
         title += " (as many ranks on each side: which one diverged cannot be told)"
     return Finding(kind="collective_mismatch", severity="critical", ranks=odd, title=title,

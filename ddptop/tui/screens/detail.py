@@ -13,8 +13,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ddptop.model.job import RankView
-from ddptop.protocol import LoaderInfo
-from ddptop.textfmt import human_bytes, human_duration, percent, rank_ranges
+from ddptop.protocol import LoaderInfo, PendingOp
+from ddptop.textfmt import human_bytes, human_duration, op_tensors, percent, rank_ranges
 from ddptop.tui.stack_groups import main_thread
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -87,10 +87,10 @@ def detail_text(view: RankView, status: str, now: float) -> Text:
         done = [op for op in group.recent if op.state == "completed"][-RECENT_SHOWN:]
         for op in done:
             number = op.p2p_seq if op.is_p2p else op.seq
-            text.append(f"  done    {op.op} #{number} sizes {op.sizes}\n", style="dim")
+            text.append(f"  done    {op.op} #{number} {_tensors(op)}\n", style="dim")
         for op in group.pending:
-            text.append(f"  pending {op.op} #{op.p2p_seq if op.is_p2p else op.seq} {op.dtype} for "
-                        f"{human_duration(op.age_s)} sizes {op.sizes} {op.state}\n", style="yellow")
+            text.append(f"  pending {op.op} #{op.p2p_seq if op.is_p2p else op.seq} {_tensors(op)} for "
+                        f"{human_duration(op.age_s)} {op.state}\n", style="yellow")
     if not st.collectives:
         text.append("-\n")
     _section(text, "environment")
@@ -140,3 +140,8 @@ class RankDetail(Screen[None]):
         with VerticalScroll(id="detail-body"):
             yield Static(self._text, id="detail-text")
         yield Footer()
+
+
+def _tensors(op: PendingOp) -> str:
+    """An op's tensors as a person reads them: '[4, 6922] float32' (textfmt, one place)."""
+    return op_tensors(op.sizes, op.dtype)
