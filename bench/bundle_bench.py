@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ddptop import __version__
+from ddptop._version import __version__
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.bundle.writer import BundleWriter

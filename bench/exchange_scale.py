@@ -38,9 +38,9 @@ from ddptop.agent.endpoint import NodeEndpoint
 from ddptop.agent.exchange import Exchange, news_state
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
-from ddptop.discovery import Endpoint
+from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import AgentBeat, AgentReply, Message, RankExit, RecordEntry, Request, StateMsg
-from ddptop.reporter.server import ReporterServer, ServerLoop
+from ddptop.store.discovery import Endpoint
 from ddptop.testing.synthetic import FakeRanks
 
 JOB = "xbench"

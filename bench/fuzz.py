@@ -56,8 +56,8 @@ def _child(target: str, runs: int, corpus: Path, max_len: int) -> None:
         from ddptop.bundle import format as fmt
         from ddptop.bundle.reader import read_file
         from ddptop.errors import BundleError, ProtocolError
+        from ddptop.net.server import ReporterServer
         from ddptop.protocol import Message, RankState, Request, StateMsg
-        from ddptop.reporter.server import ReporterServer
         from ddptop.wire import LENGTH, FrameBuffer, header_bytes
 
     manifest_stream = header_bytes() + _frame(fmt.encoder.encode(fmt.Manifest(

@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddptop import discovery
 from ddptop.protocol import Request
+from ddptop.store import discovery
 from ddptop.wire import LENGTH, encode_frame, header_bytes
 from tests.jobs import JobRunner, RunningJob, ddptop_cmd
 

@@ -257,7 +257,7 @@ def micro(number: int, rounds: int) -> list[tuple[str, float, float]]:
     # as they do inside a rank: attach a real one, not the private fallback.
     attach = getattr(p, "attach_page", None)
     if attach is not None:
-        from ddptop.progress_page import ProgressPage
+        from ddptop.store.progress_page import ProgressPage
 
         page_dir = tempfile.mkdtemp(prefix="ddptop-bench-page-")
         attach(ProgressPage.create(Path(page_dir) / "bench.0.page", 0, time.time() - time.perf_counter()))

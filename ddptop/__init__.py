@@ -8,7 +8,7 @@ every rank.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ddptop._version import __version__
 
 __all__ = ["__version__", "install", "step"]
 

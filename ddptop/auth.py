@@ -3,7 +3,7 @@
 The token never travels: a rank sends a random nonce, the viewer answers with
 HMAC-SHA256(token, nonce) and a nonce of its own, and the rank answers that one (domain
 separated), so each side knows the other holds the token. Where the token comes from:
-``DDPTOP_TOKEN`` / ``DDPTOP_TOKEN_FILE``, else the job's own (:mod:`ddptop.job_token`).
+``DDPTOP_TOKEN`` / ``DDPTOP_TOKEN_FILE``, else the job's own (:mod:`ddptop.store.job_token`).
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ class ReporterStats(msgspec.Struct, gc=False, kw_only=True):
     clients: int = 0
     last_error: str = ""
     sample_cost_s: float = 0.0  # CPU time of the last sample, on the reporter thread
-    # What the rank's server refused its peers (see ddptop.reporter.limits).
+    # What the rank's server refused its peers (see ddptop.net.limits).
     dropped_replies: int = 0  # replies not queued: the peer asked without reading
     rate_limited: int = 0  # requests over the per-connection rate
     rejected_peers: int = 0  # garbage, wrong version, oversized frame, bad token

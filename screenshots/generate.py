@@ -107,7 +107,7 @@ async def desynced(job_id: str) -> None:
 def export_bundle_of(job_id: str, path: Path) -> bool:
     """Export the live job to a bundle; False when the bundle package is missing."""
     try:
-        from ddptop.bundle.export import export_bundle
+        from ddptop.client.capture import export_bundle
     except ImportError:
         return False
     print(export_bundle(resolve(job_id), path).line(), flush=True)

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ddptop import discovery
 from ddptop.client.connection import RankConnection
+from ddptop.net.server import ReporterServer
 from ddptop.protocol import Hello, Message, RankState, Request, StateMsg
-from ddptop.reporter.server import ReporterServer
+from ddptop.store import discovery
 from ddptop.wire import FrameBuffer
 
 TOKEN = "correct horse battery staple"

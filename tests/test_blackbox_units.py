@@ -15,16 +15,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddptop import discovery
-from ddptop.agent import jobrecord
 from ddptop.agent.exits import ExitWatcher, decode_wait_status
-from ddptop.agent.jobrecord import JobRecord, RankOutcome
 from ddptop.agent.recording import JobRecording
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.record_dir import read_recording
 from ddptop.errors import RuntimeDirError
 from ddptop.model.job import JobModel
 from ddptop.protocol import CollectiveGroup, ConnectionEvent, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.store import discovery, jobrecord
+from ddptop.store.jobrecord import JobRecord, RankOutcome
 from tests.jobs import ddptop_cmd
 
 MANIFEST = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=1000.0, job_id="bb",

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from ddptop.discovery import Endpoint
 from ddptop.protocol import Request
+from ddptop.store.discovery import Endpoint
 from ddptop.wire import HEADER, encode_frame, header_bytes
 from tests.jobs import JobRunner, RunningJob, ddptop_cmd
 

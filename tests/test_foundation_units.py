@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptop import auth, discovery, secrets_filter, wire
+from ddptop import auth, secrets_filter, wire
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.protocol import Hello, Message, RankState, Request, StateMsg
+from ddptop.store import discovery
 
 
 def _messages() -> list[Message]:
@@ -396,7 +397,7 @@ def test_reporter_server_poll_wakes_at_once() -> None:
     """A rank's exit must not wait out the reporter's poll timeout (one sampling interval)."""
     import threading
 
-    from ddptop.reporter.server import ReporterServer
+    from ddptop.net.server import ReporterServer
 
     server = ReporterServer("127.0.0.1", 0, None, 0, "j", lambda request: request)  # type: ignore[arg-type,return-value]
     try:

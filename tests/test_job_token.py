@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from ddptop import auth, discovery, job_token
+from ddptop import auth
 from ddptop.client.connection import RankConnection
 from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING
-from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError
 from ddptop.protocol import PROTOCOL_VERSION, AuthResult, Hello
+from ddptop.store import discovery, job_token
+from ddptop.store.discovery import Endpoint
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 from tests.jobs import ROOT, JobRunner, ddptop_cmd
 from tests.servers import serving
@@ -38,7 +39,7 @@ def test_a_job_token_is_made_once_private_and_shared(runtime_dir: Path) -> None:
     assert len(token) == 64 and (path.stat().st_mode & 0o777) == 0o600
     assert job_token.ensure("jt1") == token == job_token.read("jt1")
     # Eight processes race for one job's token: they all end up with the same one.
-    code = "from ddptop import job_token; print(job_token.ensure('jt2'))"
+    code = "from ddptop.store import job_token; print(job_token.ensure('jt2'))"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}) for _ in range(8)]
     outs = {p.communicate(timeout=60)[0].strip() for p in procs}
@@ -133,8 +134,8 @@ def test_a_job_is_safe_by_default_even_on_one_host(job_runner: JobRunner, tmp_pa
     token_file = job_token.path_for(job.job_id)
     assert (token_file.stat().st_mode & 0o777) == 0o600
     endpoint = next(e for e in discovery.read_records() if e.job_id == job.job_id and e.rank == 0)
-    probe = ("import sys; from ddptop.client.connection import RankConnection; from ddptop.discovery import "
-             "Endpoint; from ddptop.errors import AuthError\n"
+    probe = ("import sys; from ddptop.client.connection import RankConnection; "
+             "from ddptop.store.discovery import Endpoint; from ddptop.errors import AuthError\n"
              f"e = Endpoint(job_id={job.job_id!r}, rank=0, world_size=2, host='127.0.0.1', "
              f"port={endpoint.port}, pid=1)\n"
              "try:\n    RankConnection(e, timeout=5).open()\n"

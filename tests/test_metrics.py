@@ -117,7 +117,7 @@ def test_a_scrape_shows_each_rank_and_names_a_mismatch(agent: NodeAgent) -> None
 
 
 def _record_path(job_id: str) -> Path:
-    from ddptop.agent import jobrecord
+    from ddptop.store import jobrecord
 
     return jobrecord.job_dir(job_id) / jobrecord.RECORD_FILE
 

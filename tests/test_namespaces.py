@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ddptop import discovery, namespaces
 from ddptop.client import host_jobs
-from ddptop.discovery import Endpoint
+from ddptop.store import discovery, namespaces
+from ddptop.store.discovery import Endpoint
 
 
 @pytest.mark.parametrize("env", [

@@ -19,7 +19,6 @@ from ddptop.agent.endpoint import Entry, NodeEndpoint
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget
-from ddptop.discovery import Endpoint
 from ddptop.protocol import (
     ErrorMsg,
     FrameStack,
@@ -33,6 +32,7 @@ from ddptop.protocol import (
     ThreadStack,
 )
 from ddptop.status import Status
+from ddptop.store.discovery import Endpoint
 from tests.jobs import wait_until
 
 TOKEN = "endpoint-test-token"

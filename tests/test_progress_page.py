@@ -18,15 +18,15 @@ import msgspec
 import pytest
 
 from ddptop.model.job import JobModel
-from ddptop.progress_page import PAGE_BYTES, ProgressPage, apply_page, read_page
 from ddptop.protocol import LoaderInfo, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.store.progress_page import PAGE_BYTES, ProgressPage, apply_page, read_page
 
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
     import torch
     from torch.utils.data import DataLoader, TensorDataset
-    from ddptop.progress_page import ProgressPage
+    from ddptop.store.progress_page import ProgressPage
     from ddptop.reporter.loaders import make_next, start_pass
     from ddptop.reporter.progress import Progress, _optimizer_post_hook
 

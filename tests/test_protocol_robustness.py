@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 import pytest
 
-from ddptop import auth, discovery
+from ddptop import auth
 from ddptop.client.connection import RankConnection
 from ddptop.errors import AuthError, ProtocolError, RankUnreachable
+from ddptop.net import limits
+from ddptop.net.server import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES
 from ddptop.protocol import AuthProof, AuthResult, ErrorMsg, Message, Request, StateMsg
-from ddptop.reporter import limits
-from ddptop.reporter.server import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES
+from ddptop.store import discovery
 from ddptop.wire import LENGTH, MAX_FRAME_BYTES, encode_frame, header_bytes
 from tests.jobs import JobRunner
 from tests.servers import (

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from ddptop import discovery
 from ddptop.client.connection import RankConnection
+from ddptop.store import discovery
 from tests.jobs import JobRunner, RunningJob, ddptop_cmd
 
 # The keys issue 2 promises in `ddptop snapshot --json` (a public interface).

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from ddptop.agent.outside import pyspy_path
-from ddptop.remains import read_stuck
+from ddptop.store.remains import read_stuck
 from tests.jobs import PROBES, JobRunner, RunningJob
 
 pytestmark = pytest.mark.slow

@@ -16,13 +16,13 @@ import os
 import sys
 import time
 
-from ddptop import auth, discovery, job_token
-from ddptop.agent import jobrecord
+from ddptop import auth
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.outside import SIGNAL_ENV
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.errors import DdptopError, exit_code_for
+from ddptop.store import discovery, job_token, jobrecord
 
 LOCK_FILE = "agent.lock"
 

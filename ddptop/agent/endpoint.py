@@ -6,7 +6,7 @@ and forwards what they send as the same events a viewer would have made itself
 (``RecordEntry``, ``ConnectionEvent``, ``RankExit``). The agent also knows what a viewer
 connecting to the ranks could not: how a dead rank ended, and where a silent one is stuck.
 
-It is a :class:`~ddptop.reporter.server.ReporterServer` with the role "agent", so the
+It is a :class:`~ddptop.net.server.ReporterServer` with the role "agent", so the
 handshake, the token, and every limit on peers (output, request rate, idle time, number)
 are the ranks' own. Requests get an :class:`~ddptop.protocol.AgentReply`:
 
@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ddptop.net.server import ReporterServer, Respond, ServerLoop
 from ddptop.protocol import (
     AgentBeat,
     AgentReply,
@@ -39,7 +40,6 @@ from ddptop.protocol import (
     RecordEntry,
     Request,
 )
-from ddptop.reporter.server import ReporterServer, Respond, ServerLoop
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget, read_store
 from ddptop.diagnosis.common import ranks_text
-from ddptop.discovery import Endpoint
 from ddptop.model.job import LOST
 from ddptop.protocol import (
     AgentBeat,
@@ -47,6 +46,7 @@ from ddptop.protocol import (
     StateMsg,
 )
 from ddptop.source import Event
+from ddptop.store.discovery import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ class AgentView:
         """The view of this node's ranks (*local*: those it heard of itself) only: the others
         are their own agents' to report (the agent's model also holds what the exchange told
         of them), and not "unreachable" here."""
-        from ddptop import __version__
+        from ddptop._version import __version__
 
         snapshot.job.unreachable = {r: why for r, why in snapshot.job.unreachable.items() if r in local}
         snapshot.ranks = [s for s in snapshot.ranks if s.rank in local]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from ddptop.agent.exchange import BEAT_S, Exchange
 from ddptop.bundle.format import ADDRESS_FACT, Frame, HostFacts
-from ddptop.discovery import Endpoint
 from ddptop.protocol import AgentBeat
+from ddptop.store.discovery import Endpoint
 
 if TYPE_CHECKING:
     from ddptop.agent.endpoint import Entry, NodeEndpoint

@@ -10,7 +10,7 @@
 * reads a rank that stops answering from outside (:mod:`ddptop.agent.outside`: py-spy,
   faulthandler's signal, /proc) and leaves where it is stuck in ``<job>.<rank>.stuck`` for
   viewers on this host, and in the black box;
-* keeps ``job.json`` (:mod:`ddptop.agent.jobrecord`) current: ``jobs``, ``doctor``, ``replay``;
+* keeps ``job.json`` (:mod:`ddptop.store.jobrecord`) current: ``jobs``, ``doctor``, ``replay``;
 * serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`);
 * exchanges news with the job's other node agents (:mod:`ddptop.agent.news`): what they tell
   goes into this black box too, so any surviving node's record tells the whole job's ending.
@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ddptop import __version__, auth, discovery, remains
-from ddptop.agent import jobrecord
+from ddptop import auth
+from ddptop._version import __version__
 from ddptop.agent.exchange import news_stacks, news_state
 from ddptop.agent.exits import ExitWatcher, ProcessExit
-from ddptop.agent.jobrecord import JobRecord, RankOutcome
 from ddptop.agent.news import NodeNews, rank_environ
 from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
@@ -43,7 +42,6 @@ from ddptop.agent.serving import Entry, ask_ranks, model_catch_up
 from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
-from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
 from ddptop.protocol import (
@@ -55,8 +53,11 @@ from ddptop.protocol import (
     StuckReport,
     ThreadStack,
 )
-from ddptop.remains import MAX_CRASH_READ, has_stacks, read_text_tail
 from ddptop.status import FINAL
+from ddptop.store import discovery, jobrecord, remains
+from ddptop.store.discovery import Endpoint
+from ddptop.store.jobrecord import JobRecord, RankOutcome
+from ddptop.store.remains import MAX_CRASH_READ, has_stacks, read_text_tail
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a launch that serves metrics
     from ddptop.agent.endpoint import NodeEndpoint

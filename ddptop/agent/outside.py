@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddptop.protocol import FrameStack, StuckReport
-from ddptop.remains import read_text_tail
+from ddptop.store.remains import read_text_tail
 
 log = logging.getLogger(__name__)
 

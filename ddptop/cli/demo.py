@@ -20,7 +20,6 @@ import time
 import uuid
 from pathlib import Path
 
-import ddptop
 from ddptop import auth
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
@@ -29,7 +28,8 @@ from ddptop.errors import DdptopError, TargetNotFound, UsageError
 from ddptop.model.job import JobModel
 from ddptop.proctree import stop_tree
 
-DEMO_JOB = Path(ddptop.__file__).resolve().parent / "_demo" / "unseeded_split.py"
+# The package directory from this file, not `import ddptop`: the root facade reaches into the reporter.
+DEMO_JOB = Path(__file__).resolve().parent.parent / "_demo" / "unseeded_split.py"
 NPROC = 4
 
 

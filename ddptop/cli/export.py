@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddptop.bundle.export import export_bundle, export_contents
 from ddptop.cli.evidence_args import evidence_paths, warn
+from ddptop.client.capture import export_bundle, export_contents
 from ddptop.client.collect import target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable

@@ -15,11 +15,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from ddptop import discovery
-from ddptop.agent import jobrecord
-from ddptop.agent.jobrecord import JobRecord
 from ddptop.client import host_jobs
 from ddptop.errors import UsageError
+from ddptop.store import discovery, jobrecord
+from ddptop.store.jobrecord import JobRecord
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
 
 

@@ -21,19 +21,19 @@ import sys
 import uuid
 from pathlib import Path
 
-import ddptop
-from ddptop import auth, discovery, job_token
-from ddptop.agent import jobrecord, outside
+from ddptop import auth
+from ddptop.agent import outside
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.agent.stderr_tail import DEFAULT_CAP_BYTES as DEFAULT_TAIL_BYTES
 from ddptop.agent.stderr_tail import StderrTail
 from ddptop.errors import DdptopError, UsageError
+from ddptop.store import discovery, job_token, jobrecord
 from ddptop.textfmt import rank_ranges
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "_inject"
-PACKAGE_PARENT = Path(ddptop.__file__).resolve().parent.parent
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent.parent  # ddptop/cli/launch.py -> the checkout
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

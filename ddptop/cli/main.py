@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from ddptop import __version__
+from ddptop._version import __version__
 from ddptop.errors import DdptopError, UsageError, exit_code_for
 
 # verb -> (module, one-line help). Public interface: add verbs, never rename.

@@ -14,7 +14,8 @@ import threading
 import time
 from types import FrameType
 
-from ddptop import __version__, auth
+from ddptop import auth
+from ddptop._version import __version__
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource

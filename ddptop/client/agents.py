@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ddptop.client.connection import RankConnection
-from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError, UsageError
 from ddptop.protocol import AgentReply, ConnectionEvent, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.store.discovery import Endpoint
 
 VIA_ENV = "DDPTOP_VIA"
 VIA_CHOICES = ("auto", "agent", "ranks")

@@ -13,15 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from ddptop import discovery
 from ddptop.client import agents
 from ddptop.client.connection import RankConnection
 from ddptop.client.handshake import TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.targets import JobTarget
-from ddptop.discovery import Endpoint
 from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
-from ddptop.progress_page import apply_page
 from ddptop.protocol import (
     ConnectionEvent,
     FrameStack,
@@ -31,8 +28,11 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.remains import crash_signal, read_last_state, read_progress_page, read_stuck
 from ddptop.status import FINAL, Status
+from ddptop.store import discovery
+from ddptop.store.discovery import Endpoint
+from ddptop.store.progress_page import apply_page
+from ddptop.store.remains import crash_signal, read_last_state, read_progress_page, read_stuck
 from ddptop.textfmt import rank_ranges
 
 T = TypeVar("T")

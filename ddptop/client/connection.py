@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 from ddptop.client.handshake import Handshake
-from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError, ProtocolError, RankUnreachable
 from ddptop.protocol import (
     AuthResult,
@@ -25,6 +24,7 @@ from ddptop.protocol import (
     StacksMsg,
     StateMsg,
 )
+from ddptop.store.discovery import Endpoint
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 
 T = TypeVar("T")

@@ -8,15 +8,16 @@ words the summaries (:func:`ddptop.client.collect.unreachable_summary`) recognis
 What it checks, in order: a rank that asks for a token gets our proof and a challenge of
 ours, and must answer the challenge (it knows the token too); a rank that asks for none is
 accepted unless the job has a token of its own on this host, which every one of its ranks
-would ask for (:mod:`ddptop.job_token`).
+would ask for (:mod:`ddptop.store.job_token`).
 """
 
 from __future__ import annotations
 
-from ddptop import auth, job_token
-from ddptop.discovery import Endpoint
+from ddptop import auth
 from ddptop.errors import AuthError
 from ddptop.protocol import AuthProof, AuthResult, Hello
+from ddptop.store import job_token
+from ddptop.store.discovery import Endpoint
 
 # How a refusal reads (summaries tell "refused" from "not answering" by these words).
 TOKEN_MISSING = "requires a token"
@@ -28,7 +29,7 @@ class Handshake:
     """One connection's handshake with the rank at *endpoint*.
 
     *token* is the environment's (``auth.load_token()``); the job's own token file on this
-    host, when there is one, wins (:func:`ddptop.job_token.for_viewer`)."""
+    host, when there is one, wins (:func:`ddptop.store.job_token.for_viewer`)."""
 
     def __init__(self, endpoint: Endpoint, token: str | None) -> None:
         who = "node agent" if endpoint.rank < 0 else f"rank {endpoint.rank}"

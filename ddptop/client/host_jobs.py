@@ -3,7 +3,7 @@
 First the viewer's own runtime directory; then, for a job that is not there, the runtime
 directories of processes in other mount namespaces (a private /tmp: SLURM's
 ``job_container/tmpfs``, a container), read through ``/proc/PID/root``
-(:mod:`ddptop.namespaces`). Records in a namespace whose network is not ours are kept
+(:mod:`ddptop.store.namespaces`). Records in a namespace whose network is not ours are kept
 apart: that is another host as far as the job is concerned (a container with its own
 network, a simulated node), whose ranks' loopback ports cannot be reached from here;
 :func:`where_we_looked` says what to do instead.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddptop import discovery, namespaces
-from ddptop.discovery import Endpoint
-from ddptop.namespaces import HiddenDir
+from ddptop.store import discovery, namespaces
+from ddptop.store.discovery import Endpoint
+from ddptop.store.namespaces import HiddenDir
 
 
 @dataclass

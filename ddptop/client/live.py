@@ -24,7 +24,6 @@ from ddptop.client.collect import end_after_close, ended_before, stuck_stacks
 from ddptop.client.handshake import Handshake
 from ddptop.client.live_requests import LiveRequests, Peer
 from ddptop.client.targets import JobTarget
-from ddptop.discovery import Endpoint
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.protocol import (
@@ -44,6 +43,7 @@ from ddptop.protocol import (
     StateMsg,
 )
 from ddptop.source import Emit, Event
+from ddptop.store.discovery import Endpoint
 from ddptop.wire import encode_frame, header_bytes
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from ddptop.client.collect import stuck_stacks
 from ddptop.client.handshake import Handshake
-from ddptop.discovery import Endpoint
 from ddptop.protocol import AgentReply, FrTraceMsg, Message, RecordEntry, Request, StacksMsg
 from ddptop.source import StacksResult
+from ddptop.store.discovery import Endpoint
 from ddptop.wire import FrameBuffer, encode_frame
 
 

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from ddptop import discovery
-from ddptop.agent import jobrecord
-from ddptop.agent.jobrecord import JobRecord
 from ddptop.client import agents, host_jobs
-from ddptop.discovery import Endpoint
 from ddptop.errors import TargetNotFound, UsageError
+from ddptop.store import discovery, jobrecord
+from ddptop.store.discovery import Endpoint
+from ddptop.store.jobrecord import JobRecord
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[^\]]+\]|[^:]+):(?P<port>\d{1,5})$")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddptop.errors import EvidenceError
 from ddptop.evidence.types import RankFailure
-from ddptop.remains import read_bounded
+from ddptop.store.remains import read_bounded
 
 MAX_ERROR_FILE_BYTES = 4 << 20
 MAX_TRACEBACK_LINES = 200

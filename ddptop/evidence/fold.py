@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop import __version__
+from ddptop._version import __version__
 from ddptop.bundle.format import SCHEMA_VERSION, Event, Manifest
 from ddptop.bundle.reader import Contents
 from ddptop.evidence.types import FrGroup, FrOp, RankDump, RankFailure

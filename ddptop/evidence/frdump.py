@@ -21,7 +21,7 @@ from ddptop.errors import EvidenceError
 from ddptop.evidence import pickle_tail, safe_pickle
 from ddptop.evidence.types import FrGroup, FrOp, FrProgress, RankDump
 from ddptop.protocol import FrameStack
-from ddptop.remains import read_bounded
+from ddptop.store.remains import read_bounded
 
 MAX_DUMP_BYTES = 256 << 20
 MAX_ENTRIES = 1 << 20

@@ -35,7 +35,7 @@ import msgspec
 
 from ddptop.errors import EvidenceError
 from ddptop.evidence.types import RankFailure
-from ddptop.remains import read_bounded
+from ddptop.store.remains import read_bounded
 
 MAX_LOG_BYTES = 64 << 20  # the tail of a longer log is read
 MAX_LINE = 4096

@@ -96,8 +96,8 @@ def _start(identity: RankIdentity) -> bool:
     """Start the reporter for *identity* (the caller holds the lock)."""
     global _reporter
     try:
-        from ddptop.reporter.agent import Reporter
         from ddptop.reporter.config import config_from_env
+        from ddptop.reporter.sampler import Reporter
 
         # Children inherit this and so know they are not the rank (spawned workers
         # run sitecustomize too).

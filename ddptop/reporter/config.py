@@ -21,8 +21,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from ddptop import auth, discovery
+from ddptop import auth
 from ddptop.reporter.identity import RankIdentity, from_env, slurm_job
+from ddptop.store import discovery
 
 
 @dataclass

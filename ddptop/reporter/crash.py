@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from ddptop import remains
+from ddptop.store import remains
 
 DUMP_SIGNAL = signal.SIGUSR2
 

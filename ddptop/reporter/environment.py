@@ -12,7 +12,7 @@ import platform
 import sys
 from typing import Any
 
-from ddptop import __version__
+from ddptop._version import __version__
 from ddptop.protocol import ParamFingerprint, RngFingerprint, Versions
 from ddptop.secrets_filter import filter_env
 

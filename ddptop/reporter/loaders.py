@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ddptop.progress_page import L_BATCH, L_COMPLETED, L_LAST_PC_F, PAGE_LOADERS, loader_base
+from ddptop.store.progress_page import L_BATCH, L_COMPLETED, L_LAST_PC_F, PAGE_LOADERS, loader_base
 
 if TYPE_CHECKING:
     from ddptop.reporter.progress import Progress

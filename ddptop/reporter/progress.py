@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddptop.progress_page import L_STEPS, LAST_STEP_PC_F, STEP, TRAIN_INDEX, ProgressPage
 from ddptop.reporter.loaders import LoaderRecord, page_loader, patch_dataloader
+from ddptop.store.progress_page import L_STEPS, LAST_STEP_PC_F, STEP, TRAIN_INDEX, ProgressPage
 
 _perf = time.perf_counter
 

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 
-from ddptop import discovery
-from ddptop.discovery import STORE_KEY_PREFIX, STORE_WORLD_KEY, Endpoint
 from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.identity import slurm_job
+from ddptop.store import discovery
+from ddptop.store.discovery import STORE_KEY_PREFIX, STORE_WORLD_KEY, Endpoint
 
 log = logging.getLogger(__name__)
 

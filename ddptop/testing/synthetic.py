@@ -26,12 +26,13 @@ from functools import partial
 from pathlib import Path
 from types import TracebackType
 
-from ddptop import __version__, discovery
 from ddptop import protocol as proto
-from ddptop.discovery import Endpoint
+from ddptop._version import __version__
 from ddptop.errors import UsageError
+from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import Message, RankState, Request, Sample
-from ddptop.reporter.server import ReporterServer, ServerLoop
+from ddptop.store import discovery
+from ddptop.store.discovery import Endpoint
 from ddptop.testing.synthetic_agents import FakeAgents
 from ddptop.testing.synthetic_process import SyntheticProcess, ensure_fd_limit, main, run_in_subprocess
 

@@ -21,8 +21,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ddptop import protocol as proto
+from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import AgentReply, Message, RecordEntry, Request
-from ddptop.reporter.server import ReporterServer, ServerLoop
 
 if TYPE_CHECKING:
     from ddptop.testing.synthetic import FakeRanks

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from ddptop import discovery
 from ddptop.errors import DdptopError, UsageError
 from ddptop.proctree import stop_tree
+from ddptop.store import discovery
 
 
 def ensure_fd_limit(needed: int) -> int:

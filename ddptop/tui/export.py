@@ -1,6 +1,6 @@
 """The `e` key: a diagnosis bundle of a live job, else (a replay) a JSON snapshot.
 
-``ddptop.bundle.export.export_bundle(target, path)`` collects a live job into a bundle
+``ddptop.client.capture.export_bundle(target, path)`` collects a live job into a bundle
 over its own connections. Runs in a worker thread (a bundle asks every rank for history,
 stacks and FR traces), on a copy of the model taken on the UI thread.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop.bundle.export import export_bundle
+from ddptop.client.capture import export_bundle
 from ddptop.client.live import LiveSource
 from ddptop.model.job import JobModel
 from ddptop.source import JobSource

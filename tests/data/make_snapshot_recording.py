@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ddptop.bundle.export import export_bundle, export_record  # noqa: E402
 from ddptop.cli.demo import NPROC, stop_job, wait_for_ranks  # noqa: E402
+from ddptop.client.capture import export_bundle, export_record  # noqa: E402
 from ddptop.client.live import LiveSource  # noqa: E402
 from ddptop.client.targets import resolve  # noqa: E402
 from ddptop.diagnosis import findings_for_model  # noqa: E402

@@ -13,7 +13,7 @@ so it depends on the protocol and the standard library only.
 * ``<job>.<rank>.w<pid>.crash``: the same for a process forked from the rank (a DataLoader
   worker), so that a worker's segfault is never read as the rank's own;
 * ``<job>.<rank>.page``: the rank's progress counters, mapped shared while it runs
-  (:mod:`ddptop.progress_page`): its step, loaders and their lengths at the moment it died.
+  (:mod:`ddptop.store.progress_page`): its step, loaders and their lengths at the moment it died.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop import discovery
-from ddptop.progress_page import PAGE_BYTES, PageFacts, apply_page, read_page
 from ddptop.protocol import RankState, StuckReport, WorkerCrash
+from ddptop.store import discovery
+from ddptop.store.progress_page import PAGE_BYTES, PageFacts, apply_page, read_page
 
 MAX_CRASH_READ = 256 * 1024
 MAX_LAST_BYTES = 16 * 1024 * 1024

@@ -10,7 +10,7 @@ only reads of ``/proc``.
 :func:`hidden_runtime_dirs` walks ``/proc`` once (bounded), groups the processes that run
 in another mount namespace by that namespace, and names the runtime directory each would
 use (from its own ``DDPTOP_RUNTIME_DIR``, ``XDG_RUNTIME_DIR``, ``TMPDIR`` and user id, as
-:func:`ddptop.discovery.runtime_dir` does) as seen through one of its processes. Records
+:func:`ddptop.store.discovery.runtime_dir` does) as seen through one of its processes. Records
 there are alive when a process of that namespace has the record's pid in its own pid
 namespace (a container's pids are not ours). A namespace whose network is not ours is kept
 apart: its ranks' loopback ports cannot be reached from here, and the viewer says so.

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddptop import __version__, auth, discovery
+from ddptop import auth
+from ddptop._version import __version__
 from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, Event, FindingsRecord, HostFacts, Manifest
 from ddptop.bundle.reader import Contents, build_model, end_time
 from ddptop.bundle.record_dir import read_recording
@@ -28,6 +29,7 @@ from ddptop.diagnosis import findings_for_model
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
 from ddptop.protocol import FrTraceMsg, RankState, RecordEntry
+from ddptop.store import discovery
 
 log = logging.getLogger(__name__)
 

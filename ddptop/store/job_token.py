@@ -22,7 +22,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from ddptop import discovery
+from ddptop.store import discovery
 
 SUFFIX = "token"
 MAX_TOKEN_BYTES = 256

@@ -3,7 +3,7 @@
 Each connection starts with both sides sending the stream header; the rank then sends
 ``Hello`` (with a nonce when a token is required), and a viewer may send only the fixed,
 read-only ``Request`` commands. Sockets are non-blocking and every peer is bounded in
-output, request rate, time and number (:mod:`ddptop.reporter.limits`): a viewer too slow
+output, request rate, time and number (:mod:`ddptop.net.limits`): a viewer too slow
 to read loses state frames, a peer that asks without reading stops being read, and
 everything refused is counted. A peer that sends garbage, an oversized frame or a wrong
 version is dropped with one log line; nobody else is affected.
@@ -23,6 +23,9 @@ from collections.abc import Callable
 
 from ddptop import auth
 from ddptop.errors import ProtocolError
+from ddptop.net import limits
+from ddptop.net.limits import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES, Peer, ServerCounters, TokenBucket
+from ddptop.net.loop import ServerLoop
 from ddptop.protocol import (
     COMMANDS,
     PROTOCOL_VERSION,
@@ -35,9 +38,6 @@ from ddptop.protocol import (
     ReporterStats,
     Request,
 )
-from ddptop.reporter import limits
-from ddptop.reporter.limits import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES, Peer, ServerCounters, TokenBucket
-from ddptop.reporter.server_loop import ServerLoop
 from ddptop.wire import encode_frame, header_bytes
 
 __all__ = ["MAX_CLIENT_OUTPUT", "MAX_REQUEST_BYTES", "ReporterServer", "ServerLoop"]

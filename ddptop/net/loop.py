@@ -3,7 +3,7 @@
 A rank's server makes a private, wakeable loop; the synthetic job (``ddptop.testing.synthetic``)
 puts thousands of fake ranks' servers on one. Every registered socket's data is an
 object with ``on_ready(events)``; every server added to ``servers`` is swept for time
-limits twice a second (:mod:`ddptop.reporter.limits`).
+limits twice a second (:mod:`ddptop.net.limits`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Protocol
 
-from ddptop.reporter import limits
+from ddptop.net import limits
 
 
 class Sweepable(Protocol):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop import discovery, job_token
-from ddptop.discovery import pid_alive, private_write
+from ddptop.store import discovery, job_token
+from ddptop.store.discovery import pid_alive, private_write
 
 log = logging.getLogger(__name__)
 

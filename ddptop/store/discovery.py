@@ -96,7 +96,7 @@ def view_runtime_dir(path: Path | None) -> None:
     """Make *path* this viewer's runtime directory (None: back to the usual one).
 
     A viewer that found its job only in another mount namespace's directory (seen through
-    ``/proc/PID/root``, :mod:`ddptop.namespaces`) reads everything of the job there: the
+    ``/proc/PID/root``, :mod:`ddptop.store.namespaces`) reads everything of the job there: the
     job's token, its last words, its black box. Never called in a rank or a node agent.
     """
     global _viewed_dir

@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from ddptop import auth, discovery, job_token
-from ddptop.progress_page import ProgressPage
+from ddptop import auth
+from ddptop.net.server import ReporterServer
 from ddptop.protocol import (
     ErrorMsg,
     FrTraceMsg,
@@ -42,11 +42,12 @@ from ddptop.reporter.crash import CrashCapture
 from ddptop.reporter.last_words import SigtermWatch
 from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
-from ddptop.reporter.server import ReporterServer
 from ddptop.reporter.store_publish import Announcer, own_endpoint
 from ddptop.reporter.system import SystemSampler
 from ddptop.secrets_filter import mask_value
 from ddptop.status import Status
+from ddptop.store import discovery, job_token
+from ddptop.store.progress_page import ProgressPage
 
 log = logging.getLogger(__name__)
 
