@@ -17,7 +17,7 @@ rank), which the cyclic garbage collector would otherwise walk on every full col
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
@@ -50,7 +50,6 @@ MAX_SHORT_TEXT = 256  # commands, nonces, proofs
 # can change the training process.
 # "news" is the node agents' exchange: only how ranks ended and where they are stuck, plus a
 # beat of the agent itself (see ddptop.agent.exchange).
-Command = Literal["state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe", "news"]
 COMMANDS: frozenset[str] = frozenset(
     ("state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe", "news")
 )
@@ -89,7 +88,7 @@ class Request(msgspec.Struct, gc=False, tag="request", kw_only=True):
 
     command: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)]
     id: int = 0
-    interval_s: float = 1.0  # for "subscribe"
+    # (An interval_s field was sent by older viewers and never read: msgspec ignores it.)
 
 
 class StateMsg(msgspec.Struct, gc=False, tag="state", kw_only=True):
@@ -172,7 +171,7 @@ class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):
 
     time: float
     rank: int
-    status: str  # connected / stale / lost
+    status: str  # Status.CONNECTED or Status.LOST (a viewer never records "stale": it is judged from time)
     reason: str = ""
 
 
@@ -231,7 +230,6 @@ __all__ = [
     "AuthProof",
     "AuthResult",
     "CollectiveGroup",
-    "Command",
     "ConnectionEvent",
     "ErrorMsg",
     "FrTraceMsg",

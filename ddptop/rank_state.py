@@ -203,7 +203,7 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     host: str
     pid: int
     job_id: str = ""
-    status: str = "running"  # starting / running / exited / crashed (reporter's view)
+    status: str = "running"  # the reporter's view: starting / running / exited / crashed / terminated
     time: float = 0.0  # wall clock of this sample
     start_time: float = 0.0
     restart_count: int = 0

@@ -165,6 +165,7 @@ def test_a_wrong_token_is_refused_and_said_so(node: tuple[NodeEndpoint, FakeRank
             reasons = {feed.model.ranks[r].connection_reason for r in RANKS}
         assert len(reasons) == 1, reasons
         assert f"node agent at 127.0.0.1:{endpoint.port} refused the token" in reasons.pop()
-        wait_until(lambda: endpoint.server.rejected_peers == 1, 10.0, "the refusal counted by the agent")
+        wait_until(lambda: endpoint.server.counters.rejected_peers == 1, 10.0,
+                   "the refusal counted by the agent")
     finally:
         source.stop()

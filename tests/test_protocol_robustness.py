@@ -57,7 +57,7 @@ def test_hostile_peer_is_dropped_and_others_are_served(name: str) -> None:
         assert good.state().state.step == 7
         good.close()
         healthy_state(srv)
-        assert srv.server.rejected_peers >= 1
+        assert srv.server.counters.rejected_peers >= 1
         assert srv.server.client_count == 0 or settles(lambda: srv.server.client_count == 0)
 
 
@@ -126,7 +126,7 @@ def test_wrong_token_is_refused_without_serving() -> None:
             RankConnection(srv.endpoint, token=None, timeout=5).open()
         healthy_state(srv, token=TOKEN)
         assert srv.requests == ["state"]
-        assert srv.server.rejected_peers >= 3
+        assert srv.server.counters.rejected_peers >= 3
 
 
 def test_replayed_proof_for_another_nonce_fails() -> None:
@@ -153,7 +153,7 @@ def test_slow_viewer_is_capped_and_counted(monkeypatch: pytest.MonkeyPatch) -> N
         slow.connect(("127.0.0.1", srv.server.port))
         slow.sendall(header_bytes() + encode_frame(Request(command="subscribe")))
         try:
-            assert settles(lambda: srv.server.dropped_frames > 10, timeout=20), \
+            assert settles(lambda: srv.server.counters.dropped_frames > 10, timeout=20), \
                 "slow viewer's frames were never dropped"
             clients = list(srv.server._clients)
             frame = len(encode_frame(StateMsg(state=rank_state(pad=256 * 1024))))

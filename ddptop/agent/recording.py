@@ -31,14 +31,14 @@ from pathlib import Path
 
 from ddptop.bundle.format import CrashFile, Frame, Manifest
 from ddptop.bundle.reader import read_file
+from ddptop.bundle.record_dir import HISTORY_FILE, RECENT_GLOB
 from ddptop.bundle.writer import BundleWriter
 from ddptop.protocol import HistoryMsg, RecordEntry, StateMsg
 from ddptop.status import FINAL
 
 log = logging.getLogger(__name__)
 
-HISTORY_FILE = "history.ddptop"
-RECENT_PATTERN = "recent.*.ddptop"
+RECENT_PATTERN = RECENT_GLOB  # the names the reader (bundle.record_dir) looks for
 DEFAULT_CAP_BYTES = 32 * 1024 * 1024
 DEFAULT_SEGMENT_S = 120.0
 DEFAULT_STRIDE_S = 10.0

@@ -276,6 +276,6 @@ def end_time(contents: Contents) -> float:
 
 
 def load_model(path: str | os.PathLike[str]) -> tuple[JobModel, float]:
-    """The job as the file last saw it, and that moment (for ``ddptop doctor FILE``)."""
+    """The job as the file last saw it, and that moment (a recording's or bundle's last word)."""
     contents = read_file(path)
     return build_model(contents), end_time(contents)

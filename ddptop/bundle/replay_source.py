@@ -71,7 +71,7 @@ class ReplaySource:
 
     def start(self, emit: Emit) -> None:
         """Nothing streams in replay: the app pulls ``model_at``; kept for the protocol."""
-        self._emit = emit
+        del emit  # never called: a replay has no events after the file was read
 
     def stop(self) -> None:
         """Nothing to release (the file was read whole at open)."""

@@ -30,6 +30,7 @@ from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
 from ddptop.protocol import FrTraceMsg, RankState, RecordEntry
 from ddptop.store import discovery
+from ddptop.store.remains import read_text_tail
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +77,10 @@ def _target_of(source_or_target: object) -> JobTarget:
 def read_crash_file(job_id: str, rank: int) -> CrashFile | None:
     """A dead rank's faulthandler file from this host's runtime dir (tail, bounded)."""
     path = discovery.record_path(job_id, rank, "crash")
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(0, size - CRASH_READ_BYTES))
-            data = fh.read(CRASH_READ_BYTES)
-    except OSError:
-        return None
-    text = data.decode("utf-8", errors="replace")
+    text, truncated = read_text_tail(path, CRASH_READ_BYTES)  # capped, never through a link
     if len(text.strip().splitlines()) <= 1:
-        return None  # only the header line: the rank never dumped anything
-    return CrashFile(rank=rank, name=path.name, text=text, truncated=size > CRASH_READ_BYTES)
+        return None  # unreadable, or only the header line: the rank never dumped anything
+    return CrashFile(rank=rank, name=path.name, text=text, truncated=truncated)
 
 
 def host_facts(states: list[RankState]) -> list[HostFacts]:

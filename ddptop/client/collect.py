@@ -1,8 +1,9 @@
 """One-shot collection from every rank of a job, in parallel, with partial results.
 
-Used by ``snapshot``, ``doctor`` and ``export``: ranks that answer are returned, those
-that do not are listed with the reason; dead ranks contribute their last words and
-crash files from the runtime directory.
+Used by ``snapshot`` (``doctor``, ``export`` and the dashboard watch through
+:class:`~ddptop.client.live.LiveSource` instead, and use the summaries and the stuck-report
+helpers here): ranks that answer are returned, those that do not are listed with the
+reason; dead ranks contribute their last words and crash files from the runtime directory.
 """
 
 from __future__ import annotations

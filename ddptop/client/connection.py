@@ -18,7 +18,6 @@ from ddptop.protocol import (
     ErrorMsg,
     FrTraceMsg,
     Hello,
-    HistoryMsg,
     Message,
     Request,
     StacksMsg,
@@ -87,11 +86,11 @@ class RankConnection:
 
     # ------------------------------------------------------------ requests
 
-    def request(self, command: str, reply_type: type[T], interval_s: float = 1.0) -> T:
+    def request(self, command: str, reply_type: type[T]) -> T:
         """Send *command* and wait for its reply of *reply_type*."""
         self._next_id += 1
         ident = self._next_id
-        self._send(Request(command=command, id=ident, interval_s=interval_s))
+        self._send(Request(command=command, id=ident))
         # Other messages (a subscribed state frame, a late reply) are kept for receive(),
         # in order; put back only once this reply is found, or receive() would hand the
         # same queued message back forever.
@@ -110,10 +109,6 @@ class RankConnection:
     def state(self) -> StateMsg:
         """The rank's current state."""
         return self.request("state", StateMsg)
-
-    def history(self) -> HistoryMsg:
-        """The rank's ring buffer of samples."""
-        return self.request("history", HistoryMsg)
 
     def stacks(self) -> StacksMsg:
         """Every thread's Python stack, now."""

@@ -22,7 +22,7 @@ import msgspec
 
 from ddptop.bundle.format import GZIP_MAGIC
 from ddptop.bundle.reader import Contents
-from ddptop.bundle.record_dir import HISTORY_FILE, read_recording
+from ddptop.bundle.record_dir import HISTORY_FILE, RECENT_GLOB, read_recording
 from ddptop.errors import BundleError, DdptopError
 from ddptop.evidence import elastic_error, frdump, torchrun_log
 from ddptop.evidence.fold import fold_evidence
@@ -56,7 +56,7 @@ class Evidence:
 def is_recording(path: Path) -> bool:
     """A ddptop recording, bundle or black-box record directory."""
     if path.is_dir():
-        return (path / HISTORY_FILE).is_file() or any(path.glob("recent.*.ddptop"))
+        return (path / HISTORY_FILE).is_file() or any(path.glob(RECENT_GLOB))
     return _head(path)[:2] in (GZIP_MAGIC, MAGIC[:2])
 
 

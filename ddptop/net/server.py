@@ -110,16 +110,6 @@ class ReporterServer:
         return sum(1 for c in self._clients if c.subscribed)
 
     @property
-    def dropped_frames(self) -> int:
-        """State frames slow subscribers did not get."""
-        return self.counters.dropped_frames
-
-    @property
-    def rejected_peers(self) -> int:
-        """Peers closed for garbage, a wrong version, an oversized frame or a bad token."""
-        return self.counters.rejected_peers
-
-    @property
     def queued_bytes(self) -> int:
         """Output queued for peers and not yet sent."""
         return self._queued

@@ -243,7 +243,7 @@ class Reporter:
             s.status = "running"
         self.stats.samples += 1
         self.stats.clients = self.server.client_count if self.server else 0
-        self.stats.dropped = self.server.dropped_frames if self.server else 0
+        self.stats.dropped = self.server.counters.dropped_frames if self.server else 0
         if self.server is not None:
             self.server.fill_stats(self.stats)
         self.stats.errors += p.hook_errors
