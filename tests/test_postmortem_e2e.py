@@ -198,6 +198,13 @@ def test_sigkill_between_samples_keeps_the_step_it_died_at(job_runner: JobRunner
     f = first(ended_doctor(job))
     assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
     assert replay_steps(job)[2] == step
+    # #21: `snapshot` of the ended job reads the same record (it used to exit 3 with "4
+    # rank(s) did not answer" and list 2 ranks, one of them at step 0).
+    res = job.run_cli("snapshot", "--json", job.job_id)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    ranks = {r["rank"]: r for r in json.loads(res.stdout)["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3] and ranks[2]["step"] == step, ranks.keys()
+    assert ranks[2]["status"] == "crashed" and all(r["status"] != "running" for r in ranks.values()), ranks
 
 
 def test_unequal_validation_loaders_abort_named_with_lengths_and_ops(job_runner: JobRunner) -> None:

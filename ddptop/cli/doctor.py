@@ -24,7 +24,7 @@ from rich.text import Text
 
 from ddptop import auth
 from ddptop.bundle.reader import build_model, end_time
-from ddptop.cli.evidence_args import evidence_paths, warn
+from ddptop.cli.evidence_args import ended_model, evidence_paths, warn
 from ddptop.client.collect import stuck_entries
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
@@ -87,10 +87,7 @@ def load_target(targets: list[str], watch_s: float) -> tuple[JobModel, float]:
         return build_model(contents), end_time(contents)
     target = resolve(targets[0] if targets else None)
     if target.ended:
-        assert target.record is not None
-        contents = load_evidence([target.record], job_id=target.job_id)
-        warn(contents.warnings)
-        return build_model(contents), end_time(contents)
+        return ended_model(target)
     return observe(target, watch_s)
 
 

@@ -11,7 +11,11 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ddptop.bundle.reader import build_model, end_time
+from ddptop.client.targets import JobTarget
 from ddptop.errors import UsageError
+from ddptop.evidence.scan import load_evidence
+from ddptop.model.job import JobModel
 
 
 def evidence_paths(words: Sequence[str]) -> list[Path]:
@@ -25,6 +29,16 @@ def evidence_paths(words: Sequence[str]) -> list[Path]:
         missing = [w for w in words if not (Path(w).exists() or Path(w).is_symlink())]
         raise UsageError(f"no such file or folder: {', '.join(missing)} (several targets must all be paths)")
     return paths
+
+
+def ended_model(target: JobTarget) -> tuple[JobModel, float]:
+    """An ended job as its record tells it (the node agent's black box, with its ranks' last
+    words), and the moment it describes: what ``doctor``, ``snapshot`` and ``replay`` read
+    once no rank is left to ask."""
+    assert target.record is not None
+    contents = load_evidence([target.record], job_id=target.job_id)
+    warn(contents.warnings)
+    return build_model(contents), end_time(contents)
 
 
 def warn(warnings: Iterable[str], limit: int = 20) -> None:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ddptop import auth
+from ddptop.cli.evidence_args import ended_model
 from ddptop.client.collect import take_snapshot, target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
@@ -92,7 +93,13 @@ def render_table(snap: JobSnapshot, now: float, width: int = 200) -> Table:
 def run(args: argparse.Namespace) -> int:
     """Print the snapshot; non-zero if a rank did not answer."""
     target = resolve(args.target, store_timeout_s=args.timeout)
-    snap = take_snapshot(target, token=auth.load_token(), timeout=args.timeout)
+    if target.ended:
+        # No rank is left to ask: the job's record says how each ended, at which step (as
+        # `doctor` and `replay` read it), instead of "N rank(s) did not answer".
+        model, at = ended_model(target)
+        snap = model.snapshot(at)
+    else:
+        snap = take_snapshot(target, token=auth.load_token(), timeout=args.timeout)
     if args.json:
         sys.stdout.write(msgspec.json.encode(snap).decode() + "\n")
     else:
