@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
-from ddptop.source import Event
+from ddptop.protocol import Event
 from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
-from ddptop.source import Event
+from ddptop.protocol import Event
 from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
 
 REDRAW_TARGET_MS, KEY_TARGET_MS = 50.0, 100.0

@@ -118,6 +118,14 @@ class StacksMsg(msgspec.Struct, gc=False, tag="stacks", kw_only=True):
     source: str = ""
     stuck: StuckReport | None = None
 
+    @staticmethod
+    def of_stuck(report: StuckReport) -> StacksMsg:
+        """A stuck report as the stacks it carries (the main thread, read from outside): the
+        one way the node agent's capture becomes a message, for the black box and viewers."""
+        main = ThreadStack(thread_id=report.pid, name="MainThread", frames=list(report.frames), is_main=True)
+        return StacksMsg(rank=report.rank, time=report.time, threads=[main], source=report.source,
+                         stuck=report)
+
 
 class FrTraceMsg(msgspec.Struct, gc=False, tag="fr_trace", kw_only=True):
     """The Flight Recorder dump as JSON text (never pickle), or why there is none."""
@@ -175,6 +183,12 @@ class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):
     reason: str = ""
 
 
+# What happened to a rank, as a viewer, the node agent and a recording all carry it: the one
+# event union (what a source emits, an agent forwards and a recording holds between frames).
+Event = RecordEntry | ConnectionEvent | RankExit
+EVENT_TYPES = (RecordEntry, ConnectionEvent, RankExit)  # for isinstance
+
+
 class AgentReply(msgspec.Struct, gc=False, tag="agent_reply", kw_only=True):
     """A node agent's answer to a request, for every rank it serves: the events a viewer
     would have got from each rank itself (``id`` is the request's, inside and out).
@@ -184,7 +198,7 @@ class AgentReply(msgspec.Struct, gc=False, tag="agent_reply", kw_only=True):
     """
 
     time: float
-    entries: Annotated[list[RecordEntry | ConnectionEvent | RankExit], msgspec.Meta(max_length=MAX_ITEMS * 4)]
+    entries: Annotated[list[Event], msgspec.Meta(max_length=MAX_ITEMS * 4)]
     id: int = 0
 
 
@@ -220,6 +234,7 @@ Message = (
 __all__ = [
     "COMMANDS",
     "ENQUEUE_STRIDE",
+    "EVENT_TYPES",
     "MAX_DIMS",
     "MAX_ITEMS",
     "MAX_SAMPLES",
@@ -232,6 +247,7 @@ __all__ = [
     "CollectiveGroup",
     "ConnectionEvent",
     "ErrorMsg",
+    "Event",
     "FrTraceMsg",
     "FrameStack",
     "GpuInfo",

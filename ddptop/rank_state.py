@@ -272,6 +272,18 @@ class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):
     rss_bytes: int | None
     gpu_util_percent: float | None
 
+    @staticmethod
+    def of(state: RankState, time: float) -> Sample:
+        """The history point of *state* at *time*: the one way a sample is made (the reporter
+        at each tick, a viewer from each state it folds)."""
+        return Sample(
+            time=time, step=state.step, epoch=state.epoch, batch=state.batch,
+            seq=state.collectives[0].seq if state.collectives else 0, step_time_s=state.step_time_s,
+            data_wait_fraction=state.data_wait_fraction, loader_ready_batches=state.loader_ready_batches,
+            cpu_percent=state.cpu_percent, rss_bytes=state.rss_bytes,
+            gpu_util_percent=state.gpu.util_percent if state.gpu else None,
+        )
+
 
 class FrameStack(msgspec.Struct, gc=False, kw_only=True, array_like=True):
     """One Python frame: file, line, function."""

@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, FrTraceMsg, RankExit, RecordEntry, StacksMsg
+from ddptop.protocol import Event, FrTraceMsg, StacksMsg
 
-Event = RecordEntry | ConnectionEvent | RankExit
 Emit = Callable[[Event], None]
 
 

@@ -20,8 +20,17 @@ from ddptop.agent import exchange as exchange_mod
 from ddptop.agent.endpoint import NodeEndpoint
 from ddptop.agent.exchange import Exchange, news_state
 from ddptop.net.server import ReporterServer, ServerLoop
-from ddptop.protocol import AgentBeat, ErrorMsg, Message, RankExit, RankState, RecordEntry, Request, StateMsg
-from ddptop.source import Event
+from ddptop.protocol import (
+    AgentBeat,
+    ErrorMsg,
+    Event,
+    Message,
+    RankExit,
+    RankState,
+    RecordEntry,
+    Request,
+    StateMsg,
+)
 from ddptop.store.discovery import Endpoint
 from tests.jobs import wait_until
 

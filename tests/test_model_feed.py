@@ -15,13 +15,13 @@ from ddptop.model.job import JobModel
 from ddptop.model.outcome import first_failure, resolved_status
 from ddptop.protocol import (
     ConnectionEvent,
+    Event,
     HistoryMsg,
     RankExit,
     RankState,
     RecordEntry,
     StateMsg,
 )
-from ddptop.source import Event
 from ddptop.status import Status
 
 

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.agent.endpoint import Entry, NodeEndpoint
+from ddptop.agent.endpoint import NodeEndpoint
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget
 from ddptop.protocol import (
     ErrorMsg,
+    Event,
     FrameStack,
     HistoryMsg,
     RankExit,
@@ -57,9 +58,9 @@ class FakeRanks:
         """The agent host's wall clock."""
         return time.time() + self.clock_ahead_s
 
-    def catch_up(self) -> list[Entry]:
+    def catch_up(self) -> list[Event]:
         t = self.clock() - self.age_s
-        out: list[Entry] = []
+        out: list[Event] = []
         for r in RANKS:
             samples = [Sample(time=t - 2 + i, step=i, epoch=0, batch=i, seq=i, step_time_s=0.1,
                               data_wait_fraction=None, loader_ready_batches=None, cpu_percent=None,
@@ -68,12 +69,12 @@ class FakeRanks:
             out.append(RecordEntry(time=t, rank=r, message=StateMsg(state=state(r, t, 10 + r))))
         return out
 
-    def ask(self, command: str, timeout: float) -> list[Entry]:
+    def ask(self, command: str, timeout: float) -> list[Event]:
         self.asked.append(command)
         now = time.time()
         frames = [FrameStack(file="train.py", line=88, function="step")]
         main = ThreadStack(thread_id=1, name="MainThread", frames=frames, is_main=True)
-        out: list[Entry] = [RecordEntry(time=now, rank=r, message=StacksMsg(rank=r, time=now, threads=[main]))
+        out: list[Event] = [RecordEntry(time=now, rank=r, message=StacksMsg(rank=r, time=now, threads=[main]))
                             for r in RANKS[:3]]
         out.append(RecordEntry(time=now, rank=3, message=ErrorMsg(reason="no answer within 4 s")))
         return out

@@ -25,9 +25,8 @@ from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
-from ddptop.protocol import Request, StateMsg
+from ddptop.protocol import Event, Request, StateMsg
 from ddptop.reporter.collectives import pending_from_fr
-from ddptop.source import Event
 from ddptop.testing.synthetic import FakeRanks, SyntheticJob, ensure_fd_limit, run_in_subprocess
 from ddptop.wire import HEADER, LENGTH, encode_frame, header_bytes
 from tests.jobs import wait_until

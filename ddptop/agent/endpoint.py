@@ -33,20 +33,17 @@ from ddptop.net.server import ReporterServer, Respond, ServerLoop
 from ddptop.protocol import (
     AgentBeat,
     AgentReply,
-    ConnectionEvent,
     ErrorMsg,
+    Event,
     Message,
-    RankExit,
-    RecordEntry,
     Request,
 )
 
 log = logging.getLogger(__name__)
 
-Entry = RecordEntry | ConnectionEvent | RankExit
-Published = Entry | AgentBeat
-CatchUp = Callable[[], list[Entry]]
-Ask = Callable[[str, float], list[Entry]]
+Published = Event | AgentBeat
+CatchUp = Callable[[], list[Event]]
+Ask = Callable[[str, float], list[Event]]
 
 MAX_QUEUED = 50_000  # events waiting for the loop thread; beyond it the oldest are dropped
 SLOW_WORKERS = 2  # stacks / fr_trace requests asked of the ranks at once

@@ -39,13 +39,13 @@ from ddptop.protocol import (
     CollectiveGroup,
     ConnectionEvent,
     ErrorMsg,
+    Event,
     RankExit,
     RankState,
     RecordEntry,
     StacksMsg,
     StateMsg,
 )
-from ddptop.source import Event
 from ddptop.store.discovery import Endpoint
 
 log = logging.getLogger(__name__)

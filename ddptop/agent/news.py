@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from ddptop.agent.exchange import BEAT_S, Exchange
 from ddptop.bundle.format import ADDRESS_FACT, Frame, HostFacts
-from ddptop.protocol import AgentBeat
+from ddptop.protocol import AgentBeat, Event
 from ddptop.store.discovery import Endpoint
 
 if TYPE_CHECKING:
-    from ddptop.agent.endpoint import Entry, NodeEndpoint
+    from ddptop.agent.endpoint import NodeEndpoint
 
 MAX_NEWS_KEPT = 512  # this node's news kept for agents that connect late (endings, stuck reports)
 MAX_ENVIRON = 1 << 20
@@ -38,7 +38,7 @@ class NodeNews:
         self._token: str | None = None
         self._on_remote = on_remote
         self._lock = threading.Lock()
-        self._told: list[Entry] = []
+        self._told: list[Event] = []
         self._beat_at = 0.0
         self.exchange: Exchange | None = None
         self._places: dict[int, tuple[str, str]] = {}  # rank -> (host name, address) told so far
@@ -62,7 +62,7 @@ class NodeNews:
         self.exchange = Exchange(self.job_id, self._token, self._on_remote, own)
         self.exchange.start((addr, int(port)))
 
-    def tell(self, entry: Entry) -> None:
+    def tell(self, entry: Event) -> None:
         """Send one of this node's endings or stuck reports to the other agents."""
         if self._endpoint is None:
             return
@@ -71,7 +71,7 @@ class NodeNews:
             del self._told[:-MAX_NEWS_KEPT]
         self._endpoint.publish(entry, news=True)
 
-    def catch_up(self) -> list[Entry]:
+    def catch_up(self) -> list[Event]:
         """This node's news so far, for an agent that connects now."""
         with self._lock:
             return list(self._told)

@@ -38,7 +38,7 @@ from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.outside import OutsideReader, Silence
 from ddptop.agent.recording import JobRecording, crash_frame
 from ddptop.agent.scheduler import SchedulerWatch
-from ddptop.agent.serving import Entry, ask_ranks, model_catch_up
+from ddptop.agent.serving import ask_ranks, model_catch_up
 from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
@@ -46,12 +46,12 @@ from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
 from ddptop.protocol import (
     ConnectionEvent,
+    Event,
     RankExit,
     RecordEntry,
     StacksMsg,
     StateMsg,
     StuckReport,
-    ThreadStack,
 )
 from ddptop.status import FINAL
 from ddptop.store import discovery, jobrecord, remains
@@ -272,12 +272,12 @@ class NodeAgent:
         if self._endpoint is not None and isinstance(event, RecordEntry | RankExit | ConnectionEvent):
             self._endpoint.publish(event)
 
-    def _catch_up(self) -> list[Entry]:
+    def _catch_up(self) -> list[Event]:
         """Everything known about each local rank now: what a viewer that connects gets first."""
         with self._lock:
             return model_catch_up(self.model, set(self.model.ranks) - self._remote_ranks, time.time())
 
-    def _ask(self, command: str, timeout: float) -> list[Entry]:
+    def _ask(self, command: str, timeout: float) -> list[Event]:
         """Stacks or FR dumps of every local rank that still runs (see :func:`ask_ranks`)."""
         with self._lock:
             local = set(self.model.ranks) - self._remote_ranks
@@ -319,9 +319,7 @@ class NodeAgent:
                                         msgspec.msgpack.encode(report))
             except OSError as exc:
                 log.warning("ddptop agent: cannot write rank %d's stuck report: %s", report.rank, exc)
-        main = ThreadStack(thread_id=report.pid, name="MainThread", frames=report.frames, is_main=True)
-        stacks = StacksMsg(rank=report.rank, time=report.time, threads=[main], source=report.source,
-                           stuck=report)
+        stacks = StacksMsg.of_stuck(report)
         self._event(RecordEntry(time=report.time, rank=report.rank, message=stacks))
         self._news.tell(RecordEntry(time=report.time, rank=report.rank, message=news_stacks(stacks)))
 

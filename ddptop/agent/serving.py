@@ -9,18 +9,17 @@ from __future__ import annotations
 import threading
 import time
 
-from ddptop.client.agents import Entry
 from ddptop.client.live import LiveSource
 from ddptop.model.job import JobModel
-from ddptop.protocol import ErrorMsg, HistoryMsg, RecordEntry, StateMsg
+from ddptop.protocol import ErrorMsg, Event, HistoryMsg, RecordEntry, StateMsg
 
-__all__ = ["Entry", "ask_ranks", "model_catch_up"]
+__all__ = ["Event", "ask_ranks", "model_catch_up"]
 
 
-def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Entry]:
+def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Event]:
     """What *model* knows about each of *ranks* (the node's own): history, last state, where
     it is stuck, its exit, as a viewer that connects gets it first."""
-    entries: list[Entry] = []
+    entries: list[Event] = []
     for rank in sorted(r for r in model.ranks if r in ranks):
         view = model.ranks[rank]
         at = view.received_at or now
@@ -37,7 +36,7 @@ def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Entry]:
 
 
 def ask_ranks(live: LiveSource, model: JobModel, lock: threading.Lock, ranks: set[int], command: str,
-              timeout: float) -> list[Entry]:
+              timeout: float) -> list[Event]:
     """Stacks or Flight Recorder dumps of every one of *ranks* that still runs; a rank that
     cannot answer gets where it is stuck (read from outside), else why not."""
     now = time.time()
@@ -47,7 +46,7 @@ def ask_ranks(live: LiveSource, model: JobModel, lock: threading.Lock, ranks: se
         traces = live.request_fr_traces(running, timeout)
         return [RecordEntry(time=now, rank=r, message=m) for r, m in sorted(traces.items())]
     result = live.request_stacks(running, timeout)
-    entries: list[Entry] = [RecordEntry(time=now, rank=r, message=m)
+    entries: list[Event] = [RecordEntry(time=now, rank=r, message=m)
                             for r, m in sorted(result.stacks.items())]
     with lock:
         for rank, why in sorted(result.errors.items()):

@@ -21,7 +21,7 @@ from typing import Literal
 import msgspec
 
 from ddptop.diagnosis.finding import Finding
-from ddptop.protocol import ConnectionEvent, RankExit, RecordEntry
+from ddptop.protocol import ConnectionEvent, RankExit, RecordEntry  # Event: the one union
 from ddptop.wire import MAX_FRAME_BYTES as MAX_FRAME_BYTES  # one frame limit, sockets and files
 
 SCHEMA_VERSION = 1
@@ -99,7 +99,6 @@ class EndMarker(msgspec.Struct, tag="end", kw_only=True):
 
 Frame = (Manifest | RecordEntry | ConnectionEvent | HostFacts | CrashFile | FindingsRecord | EndMarker
          | RankExit)
-Event = RecordEntry | ConnectionEvent | RankExit
 
 encoder = msgspec.msgpack.Encoder()
 decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)

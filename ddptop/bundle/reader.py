@@ -24,7 +24,6 @@ from ddptop.bundle.format import (
     ADDRESS_FACT,
     CrashFile,
     EndMarker,
-    Event,
     FindingsRecord,
     Frame,
     HostFacts,
@@ -32,7 +31,7 @@ from ddptop.bundle.format import (
 )
 from ddptop.errors import BundleError, ProtocolError
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
+from ddptop.protocol import EVENT_TYPES, ConnectionEvent, Event, HistoryMsg, RankExit, RecordEntry, StateMsg
 from ddptop.wire import MAGIC, MAX_FRAME_BYTES, FrameParser
 
 log = logging.getLogger(__name__)
@@ -242,7 +241,7 @@ def _read_file(p: Path) -> Contents:
 def _place(contents: Contents, frame: Frame) -> None:
     if contents.end is not None:
         raise BundleError("frames follow the end marker")
-    if isinstance(frame, RecordEntry | ConnectionEvent | RankExit):
+    if isinstance(frame, EVENT_TYPES):
         contents.events.append(frame)
     elif isinstance(frame, Manifest):
         raise BundleError("a second manifest inside the file")

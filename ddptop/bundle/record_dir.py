@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ddptop.bundle.format import Event
 from ddptop.bundle.reader import Contents, build_model, end_time, read_file
 from ddptop.errors import BundleError
 from ddptop.model.job import JobModel
-from ddptop.protocol import RecordEntry, StateMsg
+from ddptop.protocol import Event, RecordEntry, StateMsg
 
 HISTORY_FILE = "history.ddptop"
 RECENT_GLOB = "recent.*.ddptop"

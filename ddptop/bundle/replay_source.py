@@ -13,12 +13,12 @@ import logging
 import os
 from collections.abc import Sequence
 
-from ddptop.bundle.format import Event, Manifest
+from ddptop.bundle.format import Manifest
 from ddptop.bundle.reader import Contents, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.diagnosis import findings_for_model
 from ddptop.model.job import JobModel
-from ddptop.protocol import FrTraceMsg
+from ddptop.protocol import Event, FrTraceMsg
 from ddptop.source import Emit, StacksResult
 
 log = logging.getLogger(__name__)

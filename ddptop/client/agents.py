@@ -23,14 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ddptop.client.connection import RankConnection
 from ddptop.errors import DdptopError, UsageError
-from ddptop.protocol import AgentReply, ConnectionEvent, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.protocol import AgentReply, Event, RankExit, RankState, RecordEntry, StateMsg
 from ddptop.store.discovery import Endpoint
 
 VIA_ENV = "DDPTOP_VIA"
 VIA_CHOICES = ("auto", "agent", "ranks")
 MAX_PARALLEL = 32  # node agents asked at once by a one-shot collection
 
-Entry = RecordEntry | ConnectionEvent | RankExit
 
 
 def via_agents(remote: bool, env: dict[str, str] | None = None) -> bool:
@@ -63,13 +62,13 @@ def split(endpoints: Sequence[Endpoint],
     return direct, {agent: sorted(ranks) for agent, ranks in agents.values()}
 
 
-def shifted(entry: Entry, by: float) -> Entry:
+def shifted(entry: Event, by: float) -> Event:
     """*entry* with its time moved onto this viewer's clock (*by*: ours minus the agent's)."""
     entry.time += by
     return entry
 
 
-def reply_entries(reply: AgentReply, now: float) -> list[Entry]:
+def reply_entries(reply: AgentReply, now: float) -> list[Event]:
     """A reply's entries, on this viewer's clock: their ages as the agent saw them are kept."""
     by = now - reply.time
     return [shifted(entry, by) for entry in reply.entries]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ddptop import auth
 from ddptop._version import __version__
-from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, Event, FindingsRecord, HostFacts, Manifest
+from ddptop.bundle.format import SCHEMA_VERSION, CrashFile, FindingsRecord, HostFacts, Manifest
 from ddptop.bundle.reader import Contents, build_model, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.bundle.writer import BundleWriter
@@ -28,7 +28,7 @@ from ddptop.client.targets import JobTarget, resolve
 from ddptop.diagnosis import findings_for_model
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
-from ddptop.protocol import FrTraceMsg, RankState, RecordEntry
+from ddptop.protocol import Event, FrTraceMsg, RankState, RecordEntry
 from ddptop.store import discovery
 from ddptop.store.remains import read_text_tail
 

@@ -22,12 +22,10 @@ from ddptop.errors import DdptopError
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import (
     ConnectionEvent,
-    FrameStack,
     RankState,
     RecordEntry,
     StacksMsg,
     StateMsg,
-    ThreadStack,
 )
 from ddptop.status import FINAL, Status
 from ddptop.store import discovery
@@ -152,10 +150,7 @@ def stuck_stacks(endpoint: Endpoint) -> StacksMsg | None:
     report = read_stuck(endpoint.job_id, endpoint.rank)
     if report is None or report.pid != endpoint.pid or not discovery.pid_alive(report.pid):
         return None
-    frames: list[FrameStack] = list(report.frames)
-    main = ThreadStack(thread_id=report.pid, name="MainThread", frames=frames, is_main=True)
-    return StacksMsg(rank=endpoint.rank, time=report.time, threads=[main], source=report.source,
-                     stuck=report)
+    return StacksMsg.of_stuck(report)
 
 
 def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 5.0) -> JobSnapshot:

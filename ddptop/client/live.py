@@ -27,22 +27,23 @@ from ddptop.client.targets import JobTarget
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.protocol import (
+    EVENT_TYPES,
     AgentBeat,
     AgentReply,
     AuthResult,
     ConnectionEvent,
     ErrorMsg,
+    Event,
     FrTraceMsg,
     Hello,
     HistoryMsg,
     Message,
-    RankExit,
     RecordEntry,
     Request,
     StacksMsg,
     StateMsg,
 )
-from ddptop.source import Emit, Event
+from ddptop.source import Emit
 from ddptop.store.discovery import Endpoint
 from ddptop.wire import encode_frame, header_bytes
 
@@ -283,7 +284,7 @@ class LiveSource(LiveRequests):
             peer.shift = time.time() - message.time
             for entry in agents.reply_entries(message, time.time()):
                 self._deliver(entry)
-        elif isinstance(message, RecordEntry | ConnectionEvent | RankExit):
+        elif isinstance(message, EVENT_TYPES):
             self._deliver(agents.shifted(message, peer.shift))
         if fut is not None:
             fut.set_result(message)

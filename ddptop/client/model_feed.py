@@ -16,8 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, HistoryMsg, RankExit, RecordEntry, StateMsg
-from ddptop.source import Event
+from ddptop.protocol import ConnectionEvent, Event, HistoryMsg, RankExit, RecordEntry, StateMsg
 from ddptop.status import FINAL, Status
 
 

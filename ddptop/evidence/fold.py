@@ -18,11 +18,12 @@ from pathlib import Path
 import msgspec
 
 from ddptop._version import __version__
-from ddptop.bundle.format import SCHEMA_VERSION, Event, Manifest
+from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.reader import Contents
 from ddptop.evidence.types import FrGroup, FrOp, RankDump, RankFailure
 from ddptop.protocol import (
     CollectiveGroup,
+    Event,
     FrTraceMsg,
     PendingOp,
     RankExit,

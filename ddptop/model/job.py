@@ -278,10 +278,4 @@ def ended_over(known: RankState, stub: RankState) -> RankState:
 def _append_sample(history: deque[Sample], st: RankState) -> None:
     if history and history[-1].time >= st.time:
         return
-    history.append(Sample(
-        time=st.time, step=st.step, epoch=st.epoch, batch=st.batch,
-        seq=st.collectives[0].seq if st.collectives else 0, step_time_s=st.step_time_s,
-        data_wait_fraction=st.data_wait_fraction, loader_ready_batches=st.loader_ready_batches,
-        cpu_percent=st.cpu_percent, rss_bytes=st.rss_bytes,
-        gpu_util_percent=st.gpu.util_percent if st.gpu else None,
-    ))
+    history.append(Sample.of(st, st.time))

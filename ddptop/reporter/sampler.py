@@ -250,14 +250,7 @@ class Reporter:
         p.hook_errors = 0
         self.stats.sample_cost_s = time.thread_time() - t_cpu
         s.reporter = self.stats
-        default = s.collectives[0].seq if s.collectives else 0
-        self.history.append(Sample(
-            time=now, step=s.step, epoch=s.epoch, batch=s.batch, seq=default,
-            step_time_s=s.step_time_s, data_wait_fraction=s.data_wait_fraction,
-            loader_ready_batches=s.loader_ready_batches, cpu_percent=s.cpu_percent,
-            rss_bytes=s.rss_bytes,
-            gpu_util_percent=s.gpu.util_percent if s.gpu else None,
-        ))
+        self.history.append(Sample.of(s, now))
         return s
 
     def _part(self, part: Any, *args: Any) -> None:

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 from ddptop import protocol as proto
 from ddptop.net.server import ReporterServer, ServerLoop
-from ddptop.protocol import AgentReply, Message, RecordEntry, Request
+from ddptop.protocol import AgentReply, Event, Message, RecordEntry, Request
 
 if TYPE_CHECKING:
     from ddptop.testing.synthetic import FakeRanks
 
-Entry = RecordEntry | proto.ConnectionEvent | proto.RankExit
 AGENT_OUTPUT_CAP = 16 * 1024 * 1024  # an agent forwards K ranks: more room per viewer than one rank
 
 
@@ -69,7 +68,7 @@ class FakeAgents:
 
     def _handle(self, node: int, request: Request) -> Message:
         fake, now, ident = self.fake, time.time(), request.id
-        entries: list[Entry] = []
+        entries: list[Event] = []
         for rank in self._ranks(node) if request.command != "subscribe" else ():
             tick = self._ticks[rank]
             message: proto.StateMsg | proto.HistoryMsg | proto.StacksMsg | proto.FrTraceMsg | proto.ErrorMsg

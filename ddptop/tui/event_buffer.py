@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ddptop.source import Event
+from ddptop.protocol import Event
 
 MAX_PENDING = 200_000  # beyond this (UI stalled for long), drop the oldest: state is refreshed anyway
 

@@ -9,6 +9,7 @@ from ddptop.model.job import JobModel
 from ddptop.protocol import (
     CollectiveGroup,
     ConnectionEvent,
+    Event,
     FrameStack,
     FrTraceMsg,
     GpuInfo,
@@ -19,7 +20,7 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.source import Emit, Event, StacksResult
+from ddptop.source import Emit, StacksResult
 
 NOW = 1_700_000_000.0
 
