@@ -201,7 +201,10 @@ def test_sigkill_between_samples_keeps_the_step_it_died_at(job_runner: JobRunner
     # #21: `snapshot` of the ended job reads the same record (it used to exit 3 with "4
     # rank(s) did not answer" and list 2 ranks, one of them at step 0).
     res = job.run_cli("snapshot", "--json", job.job_id)
-    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    said = res.stderr.strip().splitlines()
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert len(said) == 1 and said[0].startswith(f"ddptop: job {job.job_id} ended: "), said  # one line
+    assert "rank 2 crashed" in said[0] and f"ddptop doctor {job.job_id}" in said[0], said
     ranks = {r["rank"]: r for r in json.loads(res.stdout)["ranks"]}
     assert sorted(ranks) == [0, 1, 2, 3] and ranks[2]["step"] == step, ranks.keys()
     assert ranks[2]["status"] == "crashed" and all(r["status"] != "running" for r in ranks.values()), ranks

@@ -81,10 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     agent.start()
     if args.serve:
-        local = args.serve in auth.LOOPBACK_BINDS
         try:
-            token = auth.token_for_bind(args.serve, auth.load_token()
-                                        or (job_token.read(args.job_id) if local else None))
+            token = job_token.for_serving(args.serve, args.job_id, auth.load_token())
             port = agent.serve(args.serve, token)
             discovery.write_agent_port(args.job_id, port)  # the ranks name it from now on
             print(f"ddptop agent: serving viewers on {args.serve}:{port}", file=sys.stderr, flush=True)

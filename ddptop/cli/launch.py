@@ -178,9 +178,8 @@ def _job_token_quietly(job_id: str) -> None:
 def _serve_node(agent: NodeAgent, job_id: str, bind: str, env: dict[str, str]) -> None:
     """Open the node's one endpoint for viewers, where the ranks serve and with their token,
     and tell the ranks its port (they publish it beside their own)."""
-    local = bind in auth.LOOPBACK_BINDS
     try:
-        token = auth.token_for_bind(bind, auth.load_token() or (job_token.read(job_id) if local else None))
+        token = job_token.for_serving(bind, job_id, auth.load_token())
         env[discovery.AGENT_PORT_ENV] = str(agent.serve(bind, token))
     except (OSError, DdptopError) as exc:  # viewers then reach each rank directly, as before
         print(f"ddptop: no node endpoint on {bind}: {exc}; viewers connect to each rank", file=sys.stderr)

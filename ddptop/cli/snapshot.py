@@ -19,7 +19,9 @@ from ddptop.client.collect import take_snapshot, target_hosts, unreachable_summa
 from ddptop.client.targets import resolve
 from ddptop.errors import RankUnreachable
 from ddptop.model.snapshot import JobSnapshot
-from ddptop.textfmt import human_bytes, human_duration, percent
+from ddptop.status import Status
+from ddptop.store import jobrecord
+from ddptop.textfmt import human_bytes, human_duration, percent, rank_ranges
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if target.ended:
         # No rank is left to ask: the job's record says how each ended, at which step (as
         # `doctor` and `replay` read it), instead of "N rank(s) did not answer".
+        wait_closed(target.job_id, args.timeout)
         model, at = ended_model(target)
         snap = model.snapshot(at)
     else:
@@ -107,4 +110,28 @@ def run(args: argparse.Namespace) -> int:
         console.print(render_table(snap, time.time(), console.width))
     if snap.job.unreachable:
         raise RankUnreachable(unreachable_summary(snap.job.unreachable, target_hosts(target)))
+    if target.ended and any(r.status != Status.EXITED or r.exit_code for r in snap.ranks):
+        # Not a running job any more: a script asking "is it healthy?" gets no (3), in one line.
+        raise RankUnreachable(f"job {target.job_id} ended: {ended_summary(snap)}; "
+                              f"see `ddptop doctor {target.job_id}`")
     return 0
+
+
+def wait_closed(job_id: str, timeout_s: float) -> None:
+    """A job that just ended: give its node agent up to *timeout_s* to record how the last
+    ranks ended and close the record (it may still be writing), so no rank reads as running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = jobrecord.read_record(job_id)
+        if record is None or record.ended:
+            return
+        time.sleep(0.1)
+
+
+def ended_summary(snap: JobSnapshot) -> str:
+    """How the ranks of an ended job ended, in a few words: 'rank 1 crashed, ranks 0,2-3 torn_down'."""
+    by_status: dict[str, list[int]] = {}
+    for r in snap.ranks:
+        by_status.setdefault(r.status, []).append(r.rank)
+    return ", ".join(f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} {status}"
+                     for status, ranks in sorted(by_status.items(), key=lambda kv: min(kv[1])))

@@ -21,7 +21,6 @@ from typing import Any
 
 import msgspec
 
-from ddptop import auth
 from ddptop.net.server import ReporterServer
 from ddptop.protocol import (
     ErrorMsg,
@@ -95,9 +94,11 @@ class Reporter:
         cfg = self.config
         # Enforced here, in the rank, not only by `ddptop launch --bind`: DDPTOP_BIND can be
         # set by hand, and an open port without a token must never be served.
-        # A generated token never leaves this host: beyond loopback, DDPTOP_TOKEN it must be.
-        local = cfg.bind in auth.LOOPBACK_BINDS
-        token = auth.token_for_bind(cfg.bind, cfg.token or (self._job_token() if local else None))
+        try:
+            token = job_token.for_serving(cfg.bind, cfg.job_id, cfg.token, make=True)
+        except OSError as exc:  # a read-only runtime dir: still served, on loopback only
+            self._count_error(exc)
+            token = None
         self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
         self._attach_page()
@@ -119,17 +120,6 @@ class Reporter:
             return
         self.progress.attach_page(page)
         os.register_at_fork(after_in_child=self.progress.detach_page)
-
-    def _job_token(self) -> str | None:
-        """The job's own token (generated once per job and host): safe by default. Without
-        it (a read-only runtime dir) the rank still serves, on loopback only, as before."""
-        if not self.config.job_id:
-            return None
-        try:
-            return job_token.ensure(self.config.job_id)
-        except OSError as exc:
-            self._count_error(exc)
-            return None
 
     def shutdown(self) -> None:
         """Stop the thread, leave last words, remove the discovery record."""

@@ -22,6 +22,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from ddptop import auth
 from ddptop.store import discovery
 
 SUFFIX = "token"
@@ -47,6 +48,17 @@ def read(job_id: str) -> str | None:
     data = discovery.private_read(path, MAX_TOKEN_BYTES)
     token = data.decode(errors="replace").strip() if data else ""
     return token or None
+
+
+def for_serving(bind: str, job_id: str, explicit: str | None, *, make: bool = False) -> str | None:
+    """The token a server of *job_id* bound to *bind* serves with: the one rule for ranks,
+    node agents and ``ddptop launch``. ``DDPTOP_TOKEN`` (*explicit*) when set; else, on
+    loopback, the job's generated token (made now with *make*, as a rank does; OSError if
+    impossible); beyond loopback without *explicit*, AuthError: a generated token never
+    leaves this host, and an open port without a token is never served."""
+    if explicit or bind not in auth.LOOPBACK_BINDS:
+        return auth.token_for_bind(bind, explicit)
+    return ensure(job_id) if make else read(job_id)
 
 
 def ensure(job_id: str) -> str:
