@@ -26,6 +26,12 @@ class Status(StrEnum):
     # teardown, or failed only because a peer was gone ("Connection closed by peer")
     TORN_DOWN = "torn_down"
     LOST = "lost"  # connection gone and no exit status known
+    # Words a viewer uses beside a rank's status, never a rank's own (not in snapshot --json's
+    # ``status``): a connection event's "connected", a rank not heard from yet ("unknown",
+    # the dashboard), and one that did not answer a one-shot snapshot ("unreachable", its table).
+    CONNECTED = "connected"
+    UNKNOWN = "unknown"
+    UNREACHABLE = "unreachable"
 
 
 # Still doing (or about to do) work.

@@ -76,7 +76,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
               rank=st.none() | small, job_id=text),
     st.builds(AuthProof, mac=st.text(max_size=64)),
     st.builds(AuthResult, ok=st.booleans(), reason=text),
-    st.builds(Request, command=st.text(max_size=20), id=small, interval_s=floats),
+    st.builds(Request, command=st.text(max_size=20), id=small),
     replies,
     st.builds(RecordEntry, time=floats, rank=small, message=replies),
     st.builds(ConnectionEvent, time=floats, rank=small, status=text, reason=text),

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from ddptop import auth
@@ -77,6 +78,23 @@ def test_unknown_command_is_refused_and_connection_stays_usable() -> None:
         assert isinstance(got[0], ErrorMsg) and "exec" in got[0].reason
         assert isinstance(got[1], StateMsg) and got[1].id == 4
         assert "exec" not in srv.requests
+
+
+def test_an_older_viewers_request_with_interval_s_is_still_served() -> None:
+    """#21 dropped Request.interval_s (never read); a viewer of an earlier version still sends
+    it, msgpack-encoded as a map with that key: the rank answers as before."""
+    older = msgspec.msgpack.encode({"type": "request", "command": "state", "id": 7, "interval_s": 1.0})
+    with serving() as srv:
+        sock = raw_peer(srv.server.port)
+        sock.sendall(header_bytes())
+        _, buf = read_hello(sock)
+        sock.sendall(LENGTH.pack(len(older)) + older)
+        got: list[Message] = []
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            got += buf.feed(sock.recv(65536))
+        sock.close()
+        assert isinstance(got[0], StateMsg) and got[0].id == 7, got
 
 
 def test_viewer_disconnecting_mid_frame() -> None:

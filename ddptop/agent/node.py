@@ -53,7 +53,7 @@ from ddptop.protocol import (
     StateMsg,
     StuckReport,
 )
-from ddptop.status import FINAL
+from ddptop.status import FINAL, Status
 from ddptop.store import discovery, jobrecord, remains
 from ddptop.store.discovery import Endpoint
 from ddptop.store.jobrecord import JobRecord, RankOutcome
@@ -194,7 +194,7 @@ class NodeAgent:
             self.record.end_time = time.time()
             self.record.exit_code = exit_code
             for outcome in self.record.ranks:
-                if outcome.status in ("running", "starting"):
+                if outcome.status in (Status.RUNNING, Status.STARTING):
                     outcome.status = "lost"  # it never reported an end before the command ended
             if self.recording is not None:
                 try:

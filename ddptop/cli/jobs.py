@@ -17,6 +17,7 @@ from typing import Any
 
 from ddptop.client import host_jobs
 from ddptop.errors import UsageError
+from ddptop.status import Status
 from ddptop.store import discovery, jobrecord
 from ddptop.store.jobrecord import JobRecord
 from ddptop.textfmt import human_bytes, human_duration, rank_ranges
@@ -119,10 +120,10 @@ def _outcome_text(record: JobRecord | None, alive: list[discovery.Endpoint]) -> 
     counts = Counter(o.status for o in record.ranks)
     parts: list[str] = []
     for o in sorted(record.ranks, key=lambda o: (o.time or float("inf"), o.rank)):
-        if o.status in ("crashed", "terminated", "lost") and len(parts) < 3:
+        if o.status in (Status.CRASHED, Status.TERMINATED, Status.LOST) and len(parts) < 3:
             how = o.signal or (f"exit {o.exit_code}" if o.exit_code is not None else "")
             parts.append(f"rank {o.rank} {o.status}" + (f" ({how})" if how else ""))
-    for status in ("torn_down", "exited", "running"):
+    for status in (Status.TORN_DOWN, Status.EXITED, Status.RUNNING):
         if counts[status]:
             parts.append(f"{counts[status]} {status.replace('_', ' ')}")
     return ", ".join(parts) or "no rank seen"

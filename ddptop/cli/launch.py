@@ -29,6 +29,7 @@ from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.agent.stderr_tail import DEFAULT_CAP_BYTES as DEFAULT_TAIL_BYTES
 from ddptop.agent.stderr_tail import StderrTail
 from ddptop.errors import DdptopError, UsageError
+from ddptop.status import Status
 from ddptop.store import discovery, job_token, jobrecord
 from ddptop.textfmt import rank_ranges
 
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if code != 0 or failed:
         culprit = agent.model.first_failure()
         first = f"rank {culprit.rank} {culprit.status} first; " if culprit is not None else ""
-        torn = [o.rank for o in failed if o.status == "torn_down"]
+        torn = [o.rank for o in failed if o.status == Status.TORN_DOWN]
         down = f"{rank_ranges(torn)} torn down; " if torn else ""
         print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
               file=sys.stderr)

@@ -60,7 +60,7 @@ def snapshot_rows(snap: JobSnapshot) -> list[dict[str, str]]:
             "shm": f"{human_bytes(s.shm_used_bytes)}/{human_bytes(s.shm_total_bytes)}",
         })
     for rank, reason in snap.job.unreachable.items():
-        rows.append({"rank": str(rank), "status": "unreachable", "pending": reason})
+        rows.append({"rank": str(rank), "status": Status.UNREACHABLE.value, "pending": reason})
     return rows
 
 

@@ -17,6 +17,7 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
+from ddptop.status import Status
 from ddptop.textfmt import op_tensors, op_text
 
 _UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
@@ -141,7 +142,7 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
 def _gone_ranks(snapshot: JobSnapshot) -> dict[int, str]:
     out: dict[int, str] = {}
     for s in snapshot.ranks:
-        if s.status in ("lost", "crashed", "exited"):
+        if s.status in (Status.LOST, Status.CRASHED, Status.EXITED):
             out[s.rank] = s.status + (f" ({s.exit_reason})" if s.exit_reason else "")
     return out
 

@@ -23,6 +23,7 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.lateness import entry_lateness
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
+from ddptop.status import Status
 
 
 def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
@@ -126,7 +127,7 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
     stats = {rank: (median(x.step_time_s for x in samples), median(x.data_wait_fraction for x in samples))
              for rank, samples in settled_windows(snapshot, histories, now, config).items()}
     late = entry_lateness(snapshot, {s.rank for s in active(snapshot)
-                                     if s.rank not in fresh and s.status == "running"})
+                                     if s.rank not in fresh and s.status == Status.RUNNING})
     if len(stats) < 2 and len(late) < 2:
         return []
     late_sorted = sorted(v.median_s for v in late.values())

@@ -36,7 +36,7 @@ HISTORY_LEN = 3600  # samples kept per rank by the viewer (1 h at 1 Hz)
 STALE_AFTER_S = 5.0  # no state for this long: the rank is "stale"
 
 # Connection status words, shown in the UI next to colour.
-CONNECTED, STALE, LOST = "connected", Status.STALE.value, Status.LOST.value
+CONNECTED, STALE, LOST = Status.CONNECTED.value, Status.STALE.value, Status.LOST.value
 
 
 @dataclass

@@ -68,7 +68,7 @@ class Reporter:
         self.state = RankState(
             rank=config.rank, local_rank=config.local_rank, world_size=config.world_size,
             host=socket.gethostname(), pid=os.getpid(), job_id=config.job_id,
-            status="starting", start_time=time.time(), restart_count=config.restart_count,
+            status=Status.STARTING, start_time=time.time(), restart_count=config.restart_count,
         )
         self._stop = threading.Event()
         # Held by whoever samples: the reporter thread, or the last words on another thread.
@@ -229,7 +229,7 @@ class Reporter:
         if torch is not None and self._torch_ready:
             self._part(self._sample_torch, s, now)
         self._part(self._sample_system, s)
-        if s.status == "starting" and (p.step or p.batch_seq or s.collectives):
+        if s.status == Status.STARTING and (p.step or p.batch_seq or s.collectives):
             s.status = "running"
         self.stats.samples += 1
         self.stats.clients = self.server.client_count if self.server else 0

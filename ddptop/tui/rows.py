@@ -131,7 +131,7 @@ class RowBuilder:
         for row, f in zip(rows, facts, strict=True):
             row.marks = marks_of(f, leads)
         seen = model.ranks
-        unknown = [RankRow(rank=r, status="unknown") for r in range(model.world_size) if r not in seen]
+        unknown = [RankRow(rank=r, status=Status.UNKNOWN) for r in range(model.world_size) if r not in seen]
         leader = max((r.seq for r in rows if r.seq is not None), default=None)
         for row in rows:
             row.seq_lag = leader - row.seq if leader is not None and row.seq is not None else 0
@@ -256,9 +256,9 @@ def status_level(row: RankRow) -> str:
     """Style level of the status cell (paired with the status word itself)."""
     if row.status in (Status.LOST, Status.CRASHED, Status.TERMINATED):
         return "bad"
-    if row.status in (Status.STALE, Status.TORN_DOWN, "unknown", Status.STARTING):
+    if row.status in (Status.STALE, Status.TORN_DOWN, Status.UNKNOWN, Status.STARTING):
         return "warn"
-    return "ok" if row.status == "running" else ""
+    return "ok" if row.status == Status.RUNNING else ""
 
 
 def cells(row: RankRow) -> list[tuple[str, str]]:
