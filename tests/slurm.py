@@ -33,6 +33,7 @@ CLIENTS = ("srun", "sinfo", "squeue", "scancel")
 # then refuses slurmstepd's bind of it ("ns base mount failed: Invalid argument"): seen in
 # 6 of 10 jobs unpinned, 0 of 14 pinned. Its tasks inherit the pin.
 PIN = ["taskset", "-c", "0"]
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def missing() -> str:
@@ -61,6 +62,11 @@ class Cluster:
     node: str
     daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
     hosts: list[Host] = field(default_factory=list)  # the nodes, when they are simulated hosts
+    job_root: Path = CHECKOUT  # where jobs find this checkout (see cluster(): a private /tmp)
+
+    def job_path(self, path: Path) -> Path:
+        """*path* of this checkout (its probes, its .venv) as the cluster's jobs reach it."""
+        return self.job_root / path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
 
     def command(self, argv: list[str], on: Host | None = None) -> list[str]:
         """*argv* as run on *on* (default: the first node; this machine for a one-node cluster)."""
@@ -162,6 +168,13 @@ def cluster(root: Path, base_env: dict[str, str], hosts: list[Host] | None = Non
     for name in [n for n in env if n.startswith("SLURM_") and n != "SLURM_CONF"]:
         del env[name]  # a test run inside an allocation must not talk to that one
     made = Cluster(root=root, env=env, node=node, hosts=hosts)
+    keep: list[str] = []
+    if private_tmp and CHECKOUT.is_relative_to("/tmp"):
+        # A checkout under /tmp (a CI clone) vanishes under the jobs' private /tmp: slurmd binds
+        # it at a path outside /tmp in its own mount namespace, which the jobs' inherit (the
+        # binding dies with slurmd); jobs are started from there (Cluster.job_path).
+        made.job_root = Path(tempfile.mkdtemp(prefix="ddptop-checkout-", dir="/var/tmp"))
+        keep = ["sh", "-c", f'mount --bind "{CHECKOUT}" "{made.job_root}" && exec "$@"', "slurmd"]
     munged = [DAEMONS[0], "-F", "-f", f"--socket={root}/munge.sock", f"--key-file={key}",
               f"--pid-file={root}/munged.pid", f"--seed-file={root}/munge.seed",
               f"--log-file={root}/munged.log"]
@@ -169,10 +182,10 @@ def cluster(root: Path, base_env: dict[str, str], hosts: list[Host] | None = Non
     # (argv, its log's name); munged's socket is a file, reached from every namespace.
     commands = [(munged, "munged"), (made.command([DAEMONS[1], "-D", "-i", "-f", str(conf)]), "slurmctld")]
     if hosts:
-        commands += [(_node_daemon(h, slurmd), f"slurmd-{h.hostname}") for h in hosts]
+        commands += [(_node_daemon(h, [*keep, *slurmd]), f"slurmd-{h.hostname}") for h in hosts]
     else:
         own_mounts = [*PIN, "unshare", "--mount", "--propagation", "private"] if private_tmp else []
-        commands.append(([*own_mounts, *slurmd], "slurmd"))
+        commands.append(([*own_mounts, *keep, *slurmd], "slurmd"))
     try:
         for argv, name in commands:
             with open(root / f"{name}.out", "wb") as out:
@@ -193,6 +206,8 @@ def cluster(root: Path, base_env: dict[str, str], hosts: list[Host] | None = Non
             _stop(proc)
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
+        if made.job_root != CHECKOUT:
+            made.job_root.rmdir()  # empty: the binding lived in slurmd's namespace only
 
 
 def _node_daemon(host: Host, argv: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from ddptop.proctree import stop_tree
-from tests.jobs import BIN, PROBES, ddptop_cmd
+from tests.jobs import BIN, PROBES, ROOT, ddptop_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,12 @@ def container(tmp_path: Path,
     job_id = f"ctr{uuid.uuid4().hex[:8]}"
     inner = ddptop_cmd("launch", "--job-id", job_id, "--interval", "0.25", "--", str(BIN / "torchrun"),
                        "--standalone", "--nproc-per-node", "4", str(PROBES / "healthy.py"))
-    setup = "mount -t tmpfs tmpfs /tmp" + (" && ip link set lo up" if own_network else "")
+    # The image: the checkout (and its .venv) stays visible at its path even where it lies
+    # under /tmp (a CI clone): the shell's working directory still reaches it once the
+    # tmpfs covers /tmp, and is bound back there.
+    keep = f' && mkdir -p "{ROOT}" && mount --bind . "{ROOT}"' if ROOT.is_relative_to("/tmp") else ""
+    setup = (f'cd "{ROOT}" && mount -t tmpfs tmpfs /tmp{keep}'
+             + (" && ip link set lo up" if own_network else ""))
     argv = ["unshare", "--mount", "--propagation", "private", *(["--net"] if own_network else []),
             "sh", "-c", f'{setup} && exec "$@"', "container", *inner]
     log = tmp_path / "container.log"

@@ -71,8 +71,11 @@ def two_node_job(two_nodes: slurm.Cluster, tmp_path: Path,
     env = _env(two_nodes, MASTER_ADDR=a.address, MASTER_PORT=str(random.randint(20000, 40000)),
                GLOO_SOCKET_IFNAME="ddpt0", DDPTOP_BIND="0.0.0.0", DDPTOP_INTERVAL="0.25",
                PROBE_SECONDS="120", **plant)
+    # The checkout as the jobs reach it (under their private /tmp a CI clone is bound elsewhere).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(two_nodes.job_root), env.get("PYTHONPATH", "")) if p)
     argv = ["srun", "-N", "2", "-n", "4", "--ntasks-per-node", "2", "--job-name", "ddp-two-nodes",
-            str(BIN / "python"), str(PROBES / "slurm_ddp.py")]
+            f"--chdir={two_nodes.job_root}", str(two_nodes.job_path(BIN / "python")),
+            str(two_nodes.job_path(PROBES / "slurm_ddp.py"))]
     log = tmp_path / "srun.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(two_nodes.command(argv), env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -99,7 +99,7 @@ class CollectiveTracker:
             self._pending = {}
         read_timing = self._timing_due(groups, now)
         if (read_pending or read_timing) and self._full_read_allowed(now):
-            dump = decode_fr(read_fr_json())
+            dump = decode_fr(read_fr_json(backend=self.backend))
             self._remember_pg_ids(dump)
             if read_pending:
                 self._pending = pending_from_dump(dump, now)
@@ -129,7 +129,7 @@ class CollectiveTracker:
         Asks FR's per-group status (cheap); forgets cached pending ops that have
         completed since (an idle rank's seq never moves again, so only FR can tell).
         """
-        status = decode_fr(read_fr_json(include_collectives=False)).pg_status
+        status = decode_fr(read_fr_json(include_collectives=False, backend=self.backend)).pg_status
         self.status_reads += 1
         if not status:  # no per-group status in this torch: re-read, slowly
             return now - self._last_full_read >= FR_STATUSLESS_REFRESH_S
@@ -193,15 +193,20 @@ def _group_id(pg: Any, names: dict[Any, str]) -> str:
         return str(names.get(pg, "?"))
 
 
-def read_fr_json(include_collectives: bool = True) -> str:
+def read_fr_json(include_collectives: bool = True, backend: str = "") -> str:
     """Dump the Flight Recorder as JSON text ("" if unavailable in this torch).
 
     Without collectives the dump holds only each group's status (last enqueued /
-    started / completed seq): microseconds instead of tens of milliseconds.
+    started / completed seq): microseconds instead of tens of milliseconds. NCCL's groups
+    record into a recorder of their own (CUDA events), dumped by ``_dump_nccl_trace_json``;
+    ``_dump_fr_trace_json`` holds the CPU backends' (gloo). Seen on an H100 with torch 2.11:
+    the generic dump of a NCCL job was empty, so no pending op was ever shown.
     """
     import torch
 
-    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+    c10d = torch._C._distributed_c10d
+    dump = getattr(c10d, "_dump_nccl_trace_json", None) if "nccl" in backend else None
+    dump = dump or getattr(c10d, "_dump_fr_trace_json", None)
     if dump is None:
         return ""
     try:

@@ -181,7 +181,8 @@ class Reporter:
         if not self._torch_ready or not self.state.collectives:
             return
         try:
-            recent = collectives.recent_ops(collectives.decode_fr(collectives.read_fr_json()))
+            recent = collectives.recent_ops(collectives.decode_fr(
+                collectives.read_fr_json(backend=self.collectives.backend)))
         except Exception as exc:
             self._count_error(exc)
             return
@@ -367,7 +368,7 @@ class Reporter:
                              threads=stacks.all_thread_stacks(), id=request.id)
         if cmd == "fr_trace":
             try:
-                text = collectives.read_fr_json() if self._torch_ready else ""
+                text = collectives.read_fr_json(backend=self.collectives.backend) if self._torch_ready else ""
                 # FR strings (frames, group descriptions) leave the host: the env's filter.
                 return FrTraceMsg(rank=self.config.rank, time=time.time(), json=mask_value(text),
                                   error="" if text else "Flight Recorder unavailable",
