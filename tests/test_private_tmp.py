@@ -62,11 +62,13 @@ def container(tmp_path: Path,
     inner = ddptop_cmd("launch", "--job-id", job_id, "--interval", "0.25", "--", str(BIN / "torchrun"),
                        "--standalone", "--nproc-per-node", "4", str(PROBES / "healthy.py"))
     # The image: the checkout (and its .venv) stays visible at its path even where it lies
-    # under /tmp (a CI clone): the shell's working directory still reaches it once the
-    # tmpfs covers /tmp, and is bound back there.
-    keep = f' && mkdir -p "{ROOT}" && mount --bind . "{ROOT}"' if ROOT.is_relative_to("/tmp") else ""
-    setup = (f'cd "{ROOT}" && mount -t tmpfs tmpfs /tmp{keep}'
-             + (" && ip link set lo up" if own_network else ""))
+    # under /tmp (a CI clone). It is bound to a scratch tmpfs on /mnt (this namespace's
+    # own) before the tmpfs covers /tmp, then moved back to its path.
+    tmpfs = "mount -t tmpfs tmpfs /tmp"
+    if ROOT.is_relative_to("/tmp"):
+        tmpfs = (f'mount -t tmpfs tmpfs /mnt && mkdir /mnt/keep && mount --bind "{ROOT}" /mnt/keep && {tmpfs}'
+                 f' && mkdir -p "{ROOT}" && mount --move /mnt/keep "{ROOT}" && umount /mnt')
+    setup = tmpfs + (" && ip link set lo up" if own_network else "")
     argv = ["unshare", "--mount", "--propagation", "private", *(["--net"] if own_network else []),
             "sh", "-c", f'{setup} && exec "$@"', "container", *inner]
     log = tmp_path / "container.log"
