@@ -6,6 +6,7 @@ collectives and writes its Flight Recorder with torch's own serialisers.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -297,3 +298,24 @@ def test_a_memo_bomb_is_refused_in_one_line_not_by_the_oom_killer(tmp_path: Path
     import resource
 
     assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY  # restored
+
+
+NCCL_H100 = Path(__file__).resolve().parent / "data" / "nccl_h100"
+
+
+def test_a_real_nccl_dump_and_watchdog_line_from_an_h100_are_read_and_named() -> None:
+    """NCCL's own artefacts (tests/data/nccl_h100/README.md: one H100, torch 2.11, NCCL
+    2.28.9): its pickled Flight Recorder dump normalises to NCCL's ops, and `doctor` on the
+    dump and torchrun's log names the timed-out all-reduce and the aborted rank."""
+    dump = frdump.read_dump(NCCL_H100 / "fr_trace_rank_0")
+    assert (dump.rank, dump.format, dump.backend) == (0, "pickle", "nccl"), dump
+    last = dump.entries[-1]
+    assert (last.op, last.collective_seq, last.input_sizes) == ("nccl:all_reduce", 6, [[4096]]), last
+    assert dump.progress["0"].last_enqueued == 6, dump.progress
+    argv = [sys.executable, "-m", "ddptop", "doctor", "--json", str(NCCL_H100 / "fr_trace_rank_0"),
+            str(NCCL_H100 / "torchrun.log")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    kinds = {f["kind"]: f for f in json.loads(res.stdout)["findings"]}
+    assert "ALLREDUCE of 4096 elements at seq 6" in kinds["collective_stall"]["title"], kinds
+    assert kinds["rank_lost"]["ranks"] == [0] and "SIGABRT" in kinds["rank_lost"]["title"], kinds
