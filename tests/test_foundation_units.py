@@ -320,7 +320,7 @@ def test_tracker_reads_fr_only_when_stalled_and_forgets_completed_ops(
     dumps = [_fr_dump([_entry(5, created=100.0)], last_completed=4)]
     reads: list[int] = []
 
-    def fake_read(include_collectives: bool = True) -> str:
+    def fake_read(include_collectives: bool = True, backend: str = "") -> str:
         reads.append(1)
         return dumps[-1]  # a full dump also carries the status a status-only read asks for
 

@@ -124,7 +124,7 @@ def test_full_fr_reads_need_a_new_pending_op_and_a_minute_cap(monkeypatch: pytes
     dump = {"text": _fr(5, 4, [_entry(5)])}
     calls: list[bool] = []
 
-    def read(include_collectives: bool = True) -> str:
+    def read(include_collectives: bool = True, backend: str = "") -> str:
         calls.append(include_collectives)
         return dump["text"]
 
