@@ -162,9 +162,17 @@ def test_idle_real_groups_never_trigger_a_full_dump(tmp_path: Any) -> None:
         busy, idle_a, idle_b = (dist.new_group([0]) for _ in range(3))
         tracker = CollectiveTracker(fr_after_s=2.0, timing_every_s=0.0)
         t = torch.zeros(4)
+        import time
+        from ddptop.reporter.collectives import decode_fr, read_fr_json
         for now in range(60):
             if now < 10:
                 dist.all_reduce(t, group=busy)
+            if now == 9:  # FR marks the last op completed from gloo's thread: wait for that (bounded)
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline and any(
+                        st.last_enqueued_collective != st.last_completed_collective
+                        for st in decode_fr(read_fr_json(include_collectives=False)).pg_status.values()):
+                    time.sleep(0.01)
             groups = tracker.groups(c10d, 1000.0 + now)
         print(json.dumps([tracker.status_reads, tracker.full_reads,
                           sorted((g.pg, g.seq, len(g.pending)) for g in groups)]))
