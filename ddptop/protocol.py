@@ -66,6 +66,14 @@ class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
     job_id: str = ""
 
 
+# "No rank" where the wire carries an int: named once here, the value kept for old peers.
+# A node agent serves many ranks, so its Hello names none (a viewer tells it by ``role``).
+AGENT_HELLO_RANK = -1
+# ``RankState.local_rank`` of a stand-in state that a viewer or an agent made for a rank it
+# could not hear from (a rank's own states carry its LOCAL_RANK, never below 0).
+STUB_LOCAL_RANK = -1
+
+
 class AuthProof(msgspec.Struct, gc=False, tag="auth", kw_only=True):
     """Viewer's answer to the challenge: HMAC-SHA256(token, nonce) in hex, and its own
     challenge to the rank (``nonce``; empty from viewers that do not check the rank)."""
@@ -232,6 +240,7 @@ Message = (
 
 # The wire vocabulary is one namespace: a rank's state (ddptop.rank_state) is re-exported.
 __all__ = [
+    "AGENT_HELLO_RANK",
     "COMMANDS",
     "ENQUEUE_STRIDE",
     "EVENT_TYPES",
@@ -240,6 +249,7 @@ __all__ = [
     "MAX_SAMPLES",
     "MAX_SHORT_TEXT",
     "PROTOCOL_VERSION",
+    "STUB_LOCAL_RANK",
     "AgentBeat",
     "AgentReply",
     "AuthProof",

@@ -41,3 +41,22 @@ ENDED: frozenset[str] = frozenset((Status.EXITED, Status.CRASHED, Status.TERMINA
                                    Status.LOST))
 # What a rank reports as its final word (a state carrying one of these wins over "lost").
 FINAL: frozenset[str] = frozenset((Status.EXITED, Status.CRASHED, Status.TERMINATED, Status.TORN_DOWN))
+
+
+# When a rank that has not ended counts as silent, and when as stale: one rule for the node
+# agent, the viewer and the model (every other threshold about a rank's silence derives here).
+# ("Stuck", a counter that stopped moving on the rank's own clock, is the diagnosis's word:
+# ddptop.diagnosis.desync. A node agent's own silence, its beats, is ddptop.agent.exchange's.)
+SAMPLE_INTERVAL_S = 1.0  # a reporter's sampling interval unless DDPTOP_INTERVAL says otherwise
+MISSED_SAMPLES = 2  # states missed in a row before a rank counts as silent
+SILENCE_GRACE_S = 1.0  # on top: a loaded host delays a sample, it does not skip it
+# Stale, the word a viewer shows: silent, and for long enough that the node agent (which acts
+# at silence: it reads the rank's stack from outside) has had time to say where it is stuck,
+# so a row turns stale with its reason rather than before it.
+OUTSIDE_READ_S = 2.0
+STALE_AFTER_S = MISSED_SAMPLES * SAMPLE_INTERVAL_S + SILENCE_GRACE_S + OUTSIDE_READ_S
+
+
+def silent_after_s(interval_s: float = SAMPLE_INTERVAL_S) -> float:
+    """Seconds without a state after which a rank sampled every *interval_s* is silent."""
+    return MISSED_SAMPLES * max(0.05, interval_s) + SILENCE_GRACE_S

@@ -57,6 +57,21 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
+def number(value: float | None, fmt: str = "{:.0f}") -> str:
+    """A cell's number in *fmt*; None -> '-' (not available, never a made-up 0)."""
+    return "-" if value is None else fmt.format(value)
+
+
+def pending_text(op: str, seq: int, age_s: float | None) -> str:
+    """A collective a rank waits in: 'all_reduce #223 9.0s' (the table's and snapshot's cell)."""
+    return f"{op} #{seq} {human_duration(age_s)}"
+
+
+def usage_text(used: float | None, total: float | None) -> str:
+    """Used of total bytes: '1.0K/8.8K'; '-' when unknown."""
+    return "-" if used is None else f"{human_bytes(used)}/{human_bytes(total)}"
+
+
 # Flight Recorder's dtype names (c10's ScalarType) as a person reads them in torch.
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",

@@ -141,3 +141,51 @@ def test_shared_copy_keeps_every_field_and_shares_the_histories() -> None:
         for f in dataclasses.fields(view):
             assert getattr(twin, f.name) == getattr(view, f.name), (rank, f.name)
     assert copy.statuses(1000.0) == model.statuses(1000.0)
+
+
+def test_wait_settled_returns_once_every_rank_settled_and_reports_progress() -> None:
+    """A verb waits on the condition, bounded: a feeding thread settles rank after rank."""
+    feed = ModelFeed("mf", 3)
+    seen: list[int] = []
+    release = threading.Event()
+
+    def feed_ranks() -> None:
+        for rank in range(3):
+            feed.emit(state(rank, 10.0, 1))
+        release.wait(30)
+    thread = threading.Thread(target=feed_ranks)
+    thread.start()
+    try:
+        assert feed.wait_settled(range(3), 30.0, progress=seen.append) == 3
+    finally:
+        release.set()
+        thread.join(30)
+    assert seen[-1] == 3 and seen == sorted(seen)
+    # Never settled: the wait ends at its bound with the count it got.
+    assert feed.wait_settled(range(3), 0.05, states=2) == 0
+
+
+def test_live_snapshot_names_every_rank_that_did_not_answer() -> None:
+    """snapshot's view of a live job is the model's, each silent, dead or unknown rank listed
+    in one line that starts with the rank, and a dead rank's last state still shown."""
+    from ddptop.client.collect import GONE
+    from ddptop.client.watch import with_silence_named
+
+    feed = ModelFeed("mf", 5)
+    feed.emit(state(0, 10.0, 7))
+    crashed = RankState(rank=1, local_rank=1, world_size=5, host="h", pid=101, job_id="mf", time=9.0,
+                        step=6, status=Status.CRASHED, exit_reason="SIGSEGV")
+    feed.emit(RecordEntry(time=10.0, rank=1, message=StateMsg(state=crashed)))
+    feed.emit(ConnectionEvent(time=10.0, rank=1, status=Status.LOST, reason=GONE))
+    feed.emit(ConnectionEvent(time=10.0, rank=3, status=Status.LOST, reason="no discovery record"))
+    feed.emit(ConnectionEvent(time=10.0, rank=4, status=Status.LOST,
+                              reason="connection failed: Connection refused"))
+    snap = with_silence_named(feed.model.snapshot(10.5), 2.0)
+    assert snap.job.unreachable == {
+        1: "rank 1: process 101 is gone (crashed: SIGSEGV)",
+        2: "rank 2: no answer within 2 s",
+        3: "rank 3: no record found (not started, or on another host)",
+        4: "rank 4: connection failed: Connection refused",
+    }
+    assert [(s.rank, s.status, s.step) for s in snap.ranks] == [(0, "running", 7), (1, "crashed", 6)]
+    assert snap.job.answered == 1

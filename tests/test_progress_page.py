@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from ddptop.model.job import JobModel
-from ddptop.protocol import LoaderInfo, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.protocol import STUB_LOCAL_RANK, LoaderInfo, RankExit, RankState, RecordEntry, StateMsg
 from ddptop.store.progress_page import PAGE_BYTES, ProgressPage, apply_page, read_page
 
 CHILD = textwrap.dedent("""
@@ -122,8 +122,8 @@ def test_a_viewers_stub_never_erases_what_was_known() -> None:
     known = RankState(rank=3, local_rank=3, world_size=4, host="h", pid=77, time=10.0, step=13, rss_bytes=5,
                       loaders=[LoaderInfo(index=0, name="L", role="train", length=13, batch=13)])
     model.apply(RecordEntry(time=10.0, rank=3, message=StateMsg(state=known)))
-    stub = RankState(rank=3, local_rank=-1, world_size=4, host="h", pid=77, time=11.0, status="crashed",
-                     exit_reason="Aborted", crash_file="/x.crash")
+    stub = RankState(rank=3, local_rank=STUB_LOCAL_RANK, world_size=4, host="h", pid=77, time=11.0,
+                     status="crashed", exit_reason="Aborted", crash_file="/x.crash")
     model.apply(RecordEntry(time=11.0, rank=3, message=StateMsg(state=stub)))
     model.apply(RankExit(time=11.0, rank=3, pid=77, host="h", signal="SIGABRT"))
     st = model.ranks[3].state

@@ -1,7 +1,7 @@
 """``ddptop snapshot``'s table adapts to the width it is printed in (80 columns when piped).
 
-Rendered by rich for real, into a string, from a snapshot built the way ``take_snapshot``
-builds one (four answering ranks with a pending collective, one that did not answer).
+Rendered by rich for real, into a string, from a snapshot made by ``build_snapshot`` as a live
+one is (four answering ranks with a pending collective, one that did not answer).
 """
 
 from __future__ import annotations

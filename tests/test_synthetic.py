@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.client.collect import take_snapshot
 from ddptop.client.connection import RankConnection
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
+from ddptop.client.watch import live_snapshot
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
 from ddptop.protocol import Event, Request, StateMsg
@@ -130,12 +130,12 @@ def test_desync_differing_batches_per_epoch_and_pending_ops(runtime_dir: Path) -
         odd = job.odd_rank
         assert odd != 0
         def desynced() -> bool:
-            snap = take_snapshot(resolve("desync"), timeout=10)
+            snap = live_snapshot(resolve("desync"), None, 10)
             return any(s.batches_per_epoch != 240 for s in snap.ranks) and all(
                 s.collectives and s.collectives[0].pending for s in snap.ranks)
 
         wait_until(desynced, timeout=30, what="the desync to show")
-        snap = take_snapshot(resolve("desync"), timeout=10)
+        snap = live_snapshot(resolve("desync"), None, 10)
         by_rank = {s.rank: s for s in snap.ranks}
         assert len(by_rank) == 8
         assert {r for r, s in by_rank.items() if s.batches_per_epoch != 240} == {odd}
@@ -153,7 +153,7 @@ def test_desync_differing_batches_per_epoch_and_pending_ops(runtime_dir: Path) -
 
 def test_stall_all_ranks_pending_in_the_first_collective(runtime_dir: Path) -> None:
     with SyntheticJob(4, "stall", "stall", interval_s=0.2, runtime_dir=runtime_dir):
-        snap = take_snapshot(resolve("stall"), timeout=10)
+        snap = live_snapshot(resolve("stall"), None, 10)
     assert len(snap.ranks) == 4
     for s in snap.ranks:
         assert s.step == 0 and s.collectives[0].seq == 1

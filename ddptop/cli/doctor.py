@@ -26,9 +26,9 @@ from ddptop import auth
 from ddptop.bundle.reader import build_model, end_time
 from ddptop.cli.evidence_args import ended_model, evidence_paths, warn
 from ddptop.client.collect import stuck_entries
-from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
+from ddptop.client.watch import watching
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
 from ddptop.errors import DdptopError, FindingsPresent, UsageError
 from ddptop.evidence.scan import load_evidence
@@ -99,19 +99,12 @@ def observe(target: JobTarget, watch_s: float,
     rank's history and current state are in, and waiting longer adds nothing to a snapshot.
     """
     feed = ModelFeed(target.job_id, target.world_size)
-    ranks = range(target.world_size)
-    source = LiveSource(target, token=auth.load_token())
     start = time.monotonic()
-    source.start(feed.emit)
-    try:
-        while time.monotonic() - start < watch_s:
-            time.sleep(TICK_S)
-            if target.world_size and feed.settled(ranks, states=MIN_STATES) == target.world_size:
-                log.debug("every rank reported %d states after %s", MIN_STATES,
-                          human_duration(time.monotonic() - start))
-                break
-    finally:
-        source.stop()
+    with watching(target, feed, token=auth.load_token()):
+        settled = feed.wait_settled(range(target.world_size), watch_s, states=MIN_STATES, tick_s=TICK_S)
+    if target.world_size and settled == target.world_size:
+        log.debug("every rank reported %d states after %s", MIN_STATES,
+                  human_duration(time.monotonic() - start))
     if not feed.heard_from_any():
         raise DdptopError(f"no rank of job {target.job_id} sent its state within "
                           f"{human_duration(watch_s)} (try a longer --watch)")

@@ -1,5 +1,7 @@
 """``ddptop snapshot [--json] [TARGET]``: every rank's state, once.
 
+Watches the job through the same live source and model as ``doctor`` and the dashboard
+(:mod:`ddptop.client.watch`) until every rank answered once, or reads an ended job's record.
 Exit 0 when every rank answered; 3 (after printing what did answer) when some did not.
 """
 
@@ -15,13 +17,14 @@ from rich.table import Table
 
 from ddptop import auth
 from ddptop.cli.evidence_args import ended_model
-from ddptop.client.collect import take_snapshot, target_hosts, unreachable_summary
+from ddptop.client.collect import target_hosts, unreachable_summary
 from ddptop.client.targets import resolve
+from ddptop.client.watch import live_snapshot
 from ddptop.errors import RankUnreachable
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.status import Status
 from ddptop.store import jobrecord
-from ddptop.textfmt import human_bytes, human_duration, percent, rank_ranges
+from ddptop.textfmt import human_bytes, number, pending_text, percent, rank_ranges, usage_text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", nargs="?",
                         help="job id or MASTER_ADDR:MASTER_PORT (default: the only job here)")
     parser.add_argument("--json", action="store_true", help="print JSON (a stable interface)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="per-rank timeout in seconds")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="seconds to wait for every rank's answer (default 5)")
 
 
 # Columns by priority: at 80 columns (a pipe, a narrow terminal) the first ones stay whole
@@ -51,13 +55,13 @@ def snapshot_rows(snap: JobSnapshot) -> list[dict[str, str]]:
             "epoch": str(s.epoch),
             "batch": f"{s.batch}/{s.batches_per_epoch if s.batches_per_epoch is not None else '?'}",
             "seq": str(group.seq) if group else "-",
-            "pending": f"{pend.op} #{pend.seq} {human_duration(pend.age_s)}" if pend else "",
+            "pending": pending_text(pend.op, pend.seq, pend.age_s) if pend else "",
             "wait": percent(s.data_wait_fraction),
-            "ready": "-" if s.loader_ready_batches is None else str(s.loader_ready_batches),
-            "cpu": "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%",
+            "ready": number(s.loader_ready_batches),
+            "cpu": number(s.cpu_percent, "{:.0f}%"),
             "rss": human_bytes(s.rss_bytes),
-            "gpu": f"{s.gpu.util_percent:.0f}%" if s.gpu and s.gpu.util_percent is not None else "-",
-            "shm": f"{human_bytes(s.shm_used_bytes)}/{human_bytes(s.shm_total_bytes)}",
+            "gpu": number(s.gpu.util_percent if s.gpu else None, "{:.0f}%"),
+            "shm": usage_text(s.shm_used_bytes, s.shm_total_bytes),
         })
     for rank, reason in snap.job.unreachable.items():
         rows.append({"rank": str(rank), "status": Status.UNREACHABLE.value, "pending": reason})
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         model, at = ended_model(target)
         snap = model.snapshot(at)
     else:
-        snap = take_snapshot(target, token=auth.load_token(), timeout=args.timeout)
+        snap = live_snapshot(target, auth.load_token(), args.timeout)
     if args.json:
         sys.stdout.write(msgspec.json.encode(snap).decode() + "\n")
     else:

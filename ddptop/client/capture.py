@@ -25,6 +25,7 @@ from ddptop.bundle.writer import BundleWriter
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
+from ddptop.client.watch import watching
 from ddptop.diagnosis import findings_for_model
 from ddptop.errors import UsageError
 from ddptop.model.job import LOST, JobModel
@@ -111,19 +112,6 @@ def host_facts(states: list[RankState]) -> list[HostFacts]:
     return out
 
 
-def _wait_settled(feed: ModelFeed, ranks: list[int], timeout: float, progress: Progress) -> None:
-    deadline = time.monotonic() + timeout
-    done = -1
-    while time.monotonic() < deadline:
-        now_done = feed.settled(ranks, history=True)
-        if now_done != done:
-            done = now_done
-            progress("states", done, len(ranks))
-        if done >= len(ranks):
-            return
-        time.sleep(0.05)
-
-
 def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: str | os.PathLike[str],
                   progress: Progress | None = None, *, token: str | None = None,
                   timeout: float = 5.0) -> ExportSummary:
@@ -133,12 +121,11 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
     target = _target_of(source_or_target)
     ranks = list(range(target.world_size))
     feed = ModelFeed(target.job_id, target.world_size, keep_events=True)
-    live = LiveSource(target, token=token if token is not None else auth.load_token(),
-                      connect_timeout=timeout)
     unanswered: dict[int, str] = {}
-    live.start(feed.emit)
-    try:
-        _wait_settled(feed, ranks, timeout, report)
+    with watching(target, feed, token=token if token is not None else auth.load_token(),
+                  connect_timeout=timeout) as live:
+        feed.wait_settled(ranks, timeout, history=True,
+                          progress=lambda done: report("states", done, len(ranks)))
         live_ranks = sorted(e.rank for e in target.endpoints)
         report("stacks", 0, len(live_ranks))
         stacks = live.request_stacks(timeout=timeout)
@@ -146,8 +133,6 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
         report("traces", 0, len(live_ranks))
         traces = live.request_fr_traces(timeout=timeout)
         report("traces", len(traces), len(live_ranks))
-    finally:
-        live.stop()
     with feed.lock:  # stop() joins the source's thread, but only for so long
         events: list[Event] = list(feed.events)
         model = feed.model

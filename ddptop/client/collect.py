@@ -1,26 +1,19 @@
-"""One-shot collection from every rank of a job, in parallel, with partial results.
+"""What a viewer reads of ranks that cannot answer, and how it sums up those that did not.
 
-Used by ``snapshot`` (``doctor``, ``export`` and the dashboard watch through
-:class:`~ddptop.client.live.LiveSource` instead, and use the summaries and the stuck-report
-helpers here): ranks that answer are returned, those that do not are listed with the
-reason; dead ranks contribute their last words and crash files from the runtime directory.
+A dead rank's last words and crash file, a closing rank's end, a silent rank's stack as its
+node agent read it from outside (all from the runtime directory, through
+:mod:`ddptop.store.remains`), as events a live source delivers like any other; and the
+one-line summaries of ranks that did not answer (refused, silent, a whole host down).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
-from ddptop.client import agents
-from ddptop.client.connection import RankConnection
 from ddptop.client.handshake import TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.targets import JobTarget
-from ddptop.errors import DdptopError
-from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import (
+    STUB_LOCAL_RANK,
     ConnectionEvent,
     RankState,
     RecordEntry,
@@ -34,45 +27,9 @@ from ddptop.store.progress_page import apply_page
 from ddptop.store.remains import crash_signal, read_last_state, read_progress_page, read_stuck
 from ddptop.textfmt import rank_ranges
 
-T = TypeVar("T")
-MAX_PARALLEL = 32
 LAST_WORDS_WAIT_S = 3.0  # a closed rank whose process lives: how long its last words may take
 GONE_GRACE_S = 1.0  # the same for a rank whose process is already gone
-
-
-@dataclass
-class Collected:
-    """Per-rank answers and per-rank failures of one collection."""
-
-    answers: dict[int, object] = field(default_factory=dict)
-    errors: dict[int, str] = field(default_factory=dict)
-
-
-def per_rank(target: JobTarget, work: Callable[[RankConnection], T], token: str | None = None,
-             timeout: float = 5.0, progress: Callable[[int, int], None] | None = None) -> Collected:
-    """Run *work* against every live rank in parallel; collect answers and errors."""
-    out = Collected()
-
-    def one(endpoint: Endpoint) -> tuple[int, object | None, str]:
-        try:
-            with RankConnection(endpoint, token=token, timeout=timeout) as conn:
-                return endpoint.rank, work(conn), ""
-        except DdptopError as exc:
-            return endpoint.rank, None, str(exc)
-        except OSError as exc:
-            return endpoint.rank, None, f"rank {endpoint.rank}: {exc}"
-
-    done = 0
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(target.endpoints)))) as pool:
-        for rank, answer, error in pool.map(one, target.endpoints):
-            done += 1
-            if progress is not None:
-                progress(done, len(target.endpoints))
-            if error:
-                out.errors[rank] = error
-            else:
-                out.answers[rank] = answer
-    return out
+GONE = "process gone"  # why a rank found dead before the viewer connected is lost
 
 
 def last_words(endpoint: Endpoint) -> RankState:
@@ -81,7 +38,7 @@ def last_words(endpoint: Endpoint) -> RankState:
     # directory is never followed).
     state = read_last_state(endpoint.job_id, endpoint.rank)
     if state is None:
-        state = RankState(rank=endpoint.rank, local_rank=-1, world_size=endpoint.world_size,
+        state = RankState(rank=endpoint.rank, local_rank=STUB_LOCAL_RANK, world_size=endpoint.world_size,
                           host=endpoint.node or endpoint.host, pid=endpoint.pid,
                           job_id=endpoint.job_id, status=Status.LOST, time=time.time())
         page = read_progress_page(endpoint.job_id, endpoint.rank)
@@ -104,7 +61,7 @@ def ended_before(target: JobTarget, now: float) -> list[RecordEntry | Connection
     out: list[RecordEntry | ConnectionEvent] = []
     for endpoint in target.dead:
         out.append(RecordEntry(time=now, rank=endpoint.rank, message=StateMsg(state=last_words(endpoint))))
-        out.append(ConnectionEvent(time=now, rank=endpoint.rank, status=Status.LOST, reason="process gone"))
+        out.append(ConnectionEvent(time=now, rank=endpoint.rank, status=Status.LOST, reason=GONE))
     out.extend(ConnectionEvent(time=now, rank=rank, status=Status.LOST, reason="no discovery record")
                for rank in target.missing_ranks)
     return out
@@ -151,32 +108,6 @@ def stuck_stacks(endpoint: Endpoint) -> StacksMsg | None:
     if report is None or report.pid != endpoint.pid or not discovery.pid_alive(report.pid):
         return None
     return StacksMsg.of_stuck(report)
-
-
-def take_snapshot(target: JobTarget, token: str | None = None, timeout: float = 5.0) -> JobSnapshot:
-    """Ask every live rank for its state; add dead ranks' last words."""
-
-    def ask(conn: RankConnection) -> StateMsg:
-        return conn.state()
-
-    direct, served = agents.split(target.endpoints, target.via_agents)
-    collected = per_rank(replace(target, endpoints=direct), ask, token=token, timeout=timeout)
-    states = [m.state for m in collected.answers.values() if isinstance(m, StateMsg)]
-    unreachable = dict(collected.errors)
-    if served:  # one connection per node, to its agent
-        from_agents, silent = agents.states_via_agents(served, token, timeout)
-        states.extend(from_agents)
-        unreachable.update(silent)
-    for endpoint in target.dead:
-        # A dead rank still shows what it left behind, but it did not answer.
-        state = last_words(endpoint)
-        states.append(state)
-        reason = f": {state.exit_reason}" if state.exit_reason else ""
-        unreachable[endpoint.rank] = (
-            f"rank {endpoint.rank}: process {endpoint.pid} is gone ({state.status}{reason})")
-    for rank in target.missing_ranks:
-        unreachable.setdefault(rank, f"rank {rank}: no record found (not started, or on another host)")
-    return build_snapshot(target.job_id, target.world_size, states, unreachable, time.time())
 
 
 def unreachable_summary(unreachable: dict[int, str], hosts: dict[int, str]) -> str:

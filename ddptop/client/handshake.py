@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ddptop import auth
 from ddptop.errors import AuthError
-from ddptop.protocol import AuthProof, AuthResult, Hello
+from ddptop.protocol import AGENT_HELLO_RANK, AuthProof, AuthResult, Hello
 from ddptop.store import job_token
 from ddptop.store.discovery import Endpoint
 
@@ -32,7 +32,7 @@ class Handshake:
     host, when there is one, wins (:func:`ddptop.store.job_token.for_viewer`)."""
 
     def __init__(self, endpoint: Endpoint, token: str | None) -> None:
-        who = "node agent" if endpoint.rank < 0 else f"rank {endpoint.rank}"
+        who = "node agent" if endpoint.rank == AGENT_HELLO_RANK else f"rank {endpoint.rank}"
         self.label = f"{who} at {endpoint.host}:{endpoint.port}"
         self._token, self._job_owns_token = job_token.for_viewer(endpoint.job_id, token)
         self._challenge = ""

@@ -26,6 +26,8 @@ from ddptop.client.live_requests import LiveRequests, Peer
 from ddptop.client.targets import JobTarget
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
+from ddptop.net import stream
+from ddptop.net.loop import ServerLoop
 from ddptop.protocol import (
     EVENT_TYPES,
     AgentBeat,
@@ -44,13 +46,16 @@ from ddptop.protocol import (
     StateMsg,
 )
 from ddptop.source import Emit
+from ddptop.status import silent_after_s
 from ddptop.store.discovery import Endpoint
 from ddptop.wire import encode_frame, header_bytes
 
 log = logging.getLogger(__name__)
 
-STUCK_AFTER_S = 2.0  # a peer silent this long: look for the node agent's .stuck report
+# A peer silent by the agent's rule (ddptop.status): look for the node agent's .stuck report.
+STUCK_AFTER_S = silent_after_s()
 STUCK_EVERY_S = 1.0
+RECV_BYTES = 1 << 20  # per read: a node agent's catch-up of 512 ranks comes in one
 
 
 class LiveSource(LiveRequests):
@@ -60,8 +65,11 @@ class LiveSource(LiveRequests):
 
     def __init__(self, target: JobTarget, token: str | None = None,
                  connect_timeout: float = 5.0, read_remains: bool = True, read_stuck: bool = True,
-                 news: bool = False) -> None:
+                 news: bool = False, history: bool = True) -> None:
         self.target = target
+        # Each rank's window of samples (up to an hour of them): what a one-shot snapshot,
+        # which shows only the present, does not ask for.
+        self._history = history
         # The node agents' exchange (ddptop.agent.exchange): ask other agents for "news" only,
         # and hand their beats and refusals to on_agent.
         self._news = news
@@ -76,7 +84,9 @@ class LiveSource(LiveRequests):
         self.description = f"job {target.job_id} ({target.world_size} ranks)"
         self._token = token
         self._connect_timeout = connect_timeout
-        self._sel = selectors.DefaultSelector()
+        # The socket engine's loop (ddptop.net): one selector and its wake-up pair, as a rank's
+        # server has; this source's peers are what it serves.
+        self._loop = ServerLoop(wakeable=True)
         self._peers: dict[int, Peer] = {}  # ranks reached directly
         self._agent_peers: list[Peer] = []  # node agents, each serving a few ranks
         self._via: dict[int, Peer] = {}  # rank -> the node agent's peer that serves it
@@ -94,8 +104,6 @@ class LiveSource(LiveRequests):
         self._closing: dict[int, tuple[Peer, str, float]] = {}
         self._next_id = 0
         self._stuck_check = 0.0
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
 
     @property
     def connections(self) -> int:
@@ -107,7 +115,6 @@ class LiveSource(LiveRequests):
         self._emit = emit
         for event in ended_before(self.target, time.time()):
             emit(event)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         direct, served = agents.split(self.target.endpoints, self.target.via_agents)
         for endpoint in direct:
             self._connect(endpoint)
@@ -138,11 +145,10 @@ class LiveSource(LiveRequests):
             self._thread.join(timeout=2.0)
         for peer in [*self._peers.values(), *self._agent_peers]:
             self._close(peer, None)
-        for s in (self._wake_r, self._wake_w):
-            s.close()
+        self._loop.close()
 
     def _connect(self, endpoint: Endpoint, serves: tuple[int, ...] = ()) -> None:
-        peer = Peer(endpoint=endpoint, serves=serves)
+        peer = Peer(endpoint=endpoint, serves=serves, owner=self._serve)
         if serves:
             self._agent_peers.append(peer)
             self._via.update((r, peer) for r in serves)
@@ -157,7 +163,7 @@ class LiveSource(LiveRequests):
             return
         peer.sock = sock
         peer.out += header_bytes()
-        self._sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+        self._loop.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -177,19 +183,15 @@ class LiveSource(LiveRequests):
                     self._queued.clear()
             if self._read_stuck and time.monotonic() >= self._stuck_check:
                 self._deliver_stuck()
-            for key, events in self._sel.select(0.1 if self._closing else 0.5):
-                if key.data is None:
-                    try:
-                        self._wake_r.recv(4096)
-                    except OSError:
-                        pass
-                    continue
-                peer = key.data
-                if events & selectors.EVENT_WRITE:
-                    with self._lock:
-                        self._flush(peer)
-                if events & selectors.EVENT_READ and peer.sock is not None:
-                    self._read(peer)
+            self._loop.poll(0.1 if self._closing else 0.5)
+
+    def _serve(self, peer: Peer, events: int) -> None:
+        """The loop saw *events* on *peer*'s socket."""
+        if events & selectors.EVENT_WRITE and peer.sock is not None:
+            with self._lock:
+                self._flush(peer)
+        if events & selectors.EVENT_READ and peer.sock is not None:
+            self._read(peer)
 
     def _deliver_stuck(self) -> None:
         """Where silent ranks of this host are stuck, as their node agent read it from outside
@@ -207,39 +209,31 @@ class LiveSource(LiveRequests):
     def _flush(self, peer: Peer) -> None:
         assert peer.sock is not None
         try:
-            while peer.out:
-                sent = peer.sock.send(peer.out)
-                del peer.out[:sent]
-        except (BlockingIOError, InterruptedError):
-            pass
+            stream.send_queued(peer.sock, peer.out)
         except OSError as exc:
             self._lost(peer, f"connection failed: {exc.strerror or exc}")
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
         try:
-            self._sel.modify(peer.sock, events, peer)
+            self._loop.selector.modify(peer.sock, events, peer)
         except (KeyError, ValueError):
             pass
 
     def _read(self, peer: Peer) -> None:
         assert peer.sock is not None
         try:
-            data = peer.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return
+            got = stream.receive(peer.sock, peer.buf, RECV_BYTES)
         except OSError as exc:
             self._lost(peer, f"connection failed: {exc.strerror or exc}")
             return
-        if not data:
-            self._lost(peer, "connection closed by the rank")
-            return
-        self.bytes_in += len(data)
-        try:
-            messages = peer.buf.feed(data)
         except ProtocolError as exc:
             self._lost(peer, str(exc))
             return
-        for message in messages:
+        if got is None:
+            self._lost(peer, "connection closed by the rank")
+            return
+        self.bytes_in += got.nbytes
+        for message in got.messages:
             self._on_message(peer, message)
 
     def _on_message(self, peer: Peer, message: Message) -> None:
@@ -299,7 +293,8 @@ class LiveSource(LiveRequests):
             self._send(peer, Request(command="history", id=0))
             return
         self._deliver(ConnectionEvent(time=time.time(), rank=peer.endpoint.rank, status=CONNECTED))
-        self._send(peer, Request(command="history", id=0))
+        if self._history:
+            self._send(peer, Request(command="history", id=0))
         self._send(peer, Request(command="subscribe", id=0))
 
     def _send(self, peer: Peer, message: Message) -> None:
@@ -353,9 +348,6 @@ class LiveSource(LiveRequests):
                 fut.set_exception(ProtocolError(reason or "connection closed"))
         peer.waiting.clear()
         if peer.sock is not None:
-            try:
-                self._sel.unregister(peer.sock)
-            except (KeyError, ValueError):
-                pass
+            self._loop.unregister(peer.sock)
             peer.sock.close()
             peer.sock = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ddptop.client.collect import stuck_stacks
 from ddptop.client.handshake import Handshake
+from ddptop.net.loop import ServerLoop
 from ddptop.protocol import AgentReply, FrTraceMsg, Message, RecordEntry, Request, StacksMsg
 from ddptop.source import StacksResult
 from ddptop.store.discovery import Endpoint
@@ -41,6 +42,12 @@ class Peer:
     handshake: Handshake | None = None  # of the current connection
     serves: tuple[int, ...] = ()  # a node agent's peer: the ranks it serves (empty for a rank)
     shift: float = 0.0  # a node agent's peer: our clock minus the agent's
+    owner: Callable[[Peer, int], None] | None = None  # serves the loop's events on this socket
+
+    def on_ready(self, events: int) -> None:
+        """The loop saw *events* on this peer's socket."""
+        if self.owner is not None:
+            self.owner(self, events)
 
 
 class LiveRequests:
@@ -52,13 +59,10 @@ class LiveRequests:
     _queued: set[int]  # ranks whose peer has output for the selector thread to flush
     _next_id: int
     _read_stuck: bool
-    _wake_w: socket.socket  # writing to it wakes the selector thread
+    _loop: ServerLoop  # the selector thread's loop
 
     def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
+        self._loop.wake()
 
     def request_stacks(self, ranks: Sequence[int] | None = None, timeout: float = 5.0) -> StacksResult:
         """Every selected rank's stacks; ranks that fail are listed with why."""

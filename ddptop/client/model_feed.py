@@ -12,6 +12,7 @@ node agent under its own lock beside its exit watcher.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -66,6 +67,24 @@ class ModelFeed:
         with self.lock:
             return sum(1 for r in ranks if r in self.gone
                        or (self.states[r] >= states and (not history or r in self.histories)))
+
+    def wait_settled(self, ranks: Iterable[int], timeout_s: float, *, states: int = 1, history: bool = False,
+                     progress: Callable[[int], None] | None = None, tick_s: float = 0.05) -> int:
+        """Wait (at most *timeout_s*) until every one of *ranks* is :meth:`settled`; return how
+        many are. *progress* hears the count whenever it changes. Polled, not notified: a
+        check is a pass over every rank, too dear to run on each of thousands of events."""
+        wanted = list(ranks)
+        deadline = time.monotonic() + timeout_s
+        done = -1
+        while True:
+            now_done = self.settled(wanted, states=states, history=history)
+            if progress is not None and now_done != done:
+                progress(now_done)
+            done = now_done
+            left = deadline - time.monotonic()
+            if done >= len(wanted) or left <= 0:
+                return done
+            time.sleep(min(tick_s, left))
 
     def heard_from_any(self) -> bool:
         """True once any rank sent a state."""

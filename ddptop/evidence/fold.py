@@ -22,6 +22,7 @@ from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.reader import Contents
 from ddptop.evidence.types import FrGroup, FrOp, RankDump, RankFailure
 from ddptop.protocol import (
+    STUB_LOCAL_RANK,
     CollectiveGroup,
     Event,
     FrTraceMsg,
@@ -181,7 +182,7 @@ def _rank_events(rank: int, dump: RankDump | None, failure: RankFailure | None, 
     t_dump = dump.dump_time if dump is not None else 0.0
     t_fail = failure.time if failure is not None else 0.0
     when = t_dump or t_fail or 0.0
-    state = RankState(rank=rank, local_rank=-1, world_size=world, host=_host(dump, failure),
+    state = RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=world, host=_host(dump, failure),
                       pid=(failure.pid if failure is not None and failure.pid else 0), job_id=job_id,
                       status=Status.STALE, time=when)
     if dump is not None:

@@ -18,6 +18,7 @@ import msgspec
 from ddptop.model.outcome import Ending, ending_of, exit_fields, first_failure, resolved_status
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.protocol import (
+    STUB_LOCAL_RANK,
     ConnectionEvent,
     FrTraceMsg,
     HistoryMsg,
@@ -30,10 +31,9 @@ from ddptop.protocol import (
     StateMsg,
     StuckReport,
 )
-from ddptop.status import FINAL, Status
+from ddptop.status import FINAL, STALE_AFTER_S, Status
 
 HISTORY_LEN = 3600  # samples kept per rank by the viewer (1 h at 1 Hz)
-STALE_AFTER_S = 5.0  # no state for this long: the rank is "stale"
 
 # Connection status words, shown in the UI next to colour.
 CONNECTED, STALE, LOST = Status.CONNECTED.value, Status.STALE.value, Status.LOST.value
@@ -201,8 +201,8 @@ class JobModel:
             if view.state is None and stuck is not None:
                 # Never heard from by this viewer, but the node agent read it from outside.
                 unreachable[rank] = view.connection_reason or "no state received"
-                states.append(RankState(rank=rank, local_rank=-1, world_size=self.world_size, host="",
-                                        pid=stuck.pid, job_id=self.job_id, status=Status.STALE,
+                states.append(RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=self.world_size,
+                                        host="", pid=stuck.pid, job_id=self.job_id, status=Status.STALE,
                                         time=stuck.since, stuck=stuck))
                 continue
             if view.state is None:
@@ -210,7 +210,7 @@ class JobModel:
                     unreachable[rank] = view.connection_reason or "no state received"
                     continue
                 # Never heard from, but the agent saw it end: its exit is all there is.
-                states.append(RankState(rank=rank, local_rank=-1, world_size=self.world_size,
+                states.append(RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=self.world_size,
                                         host=view.exit.host, pid=view.exit.pid, job_id=self.job_id,
                                         status=status, time=view.exit.time,
                                         **exit_fields(view.exit)))  # type: ignore[arg-type]
@@ -257,9 +257,9 @@ class JobModel:
 
 
 def is_stub(state: RankState) -> bool:
-    """A state a viewer made for a rank that could not tell (``local_rank`` -1): how it ended,
+    """A state a viewer made for a rank that could not tell (``STUB_LOCAL_RANK``): how it ended,
     from what it left on disk, with none of its numbers."""
-    return state.local_rank < 0
+    return state.local_rank == STUB_LOCAL_RANK
 
 
 def ended_over(known: RankState, stub: RankState) -> RankState:

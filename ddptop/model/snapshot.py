@@ -1,8 +1,8 @@
 """A job at one moment: every rank's state plus what could not be reached.
 
 ``JobSnapshot`` is the document of ``ddptop snapshot --json`` (a public interface) and the
-input of the diagnosis. Pure: building one from live ranks is
-:func:`ddptop.client.collect.take_snapshot`.
+input of the diagnosis. Pure: a live job's comes from its model
+(:meth:`ddptop.model.job.JobModel.snapshot`, read by :func:`ddptop.client.watch.live_snapshot`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""One selector loop for any number of rank servers, with their time limits.
+"""One selector loop for any number of rank servers (with their time limits) or viewer peers.
 
 A rank's server makes a private, wakeable loop; the synthetic job (``ddptop.testing.synthetic``)
-puts thousands of fake ranks' servers on one. Every registered socket's data is an
+puts thousands of fake ranks' servers on one; a viewer's live source runs its connections to
+every rank or node agent on one. Every registered socket's data is an
 object with ``on_ready(events)``; every server added to ``servers`` is swept for time
 limits twice a second (:mod:`ddptop.net.limits`).
 """

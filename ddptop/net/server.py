@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from ddptop import auth
 from ddptop.errors import ProtocolError
-from ddptop.net import limits
+from ddptop.net import limits, stream
 from ddptop.net.limits import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES, Peer, ServerCounters, TokenBucket
 from ddptop.net.loop import ServerLoop
 from ddptop.protocol import (
@@ -243,21 +243,18 @@ class ReporterServer:
 
     def _read(self, client: Peer) -> None:
         try:
-            data = client.sock.recv(limits.RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
+            got = stream.receive(client.sock, client.inbuf, limits.RECV_BYTES)
         except OSError as exc:
             self._drop(client, f"read error: {exc}")
             return
-        if not data:
-            self._drop(client, None)
-            return
-        try:
-            messages = client.inbuf.feed(data)
         except ProtocolError as exc:
             self.counters.rejected_peers += 1
             self._drop(client, str(exc))
             return
+        if got is None:
+            self._drop(client, None)
+            return
+        messages = got.messages
         if not client.admitted and client.authed and client.inbuf.header_seen:
             self._admit(client)  # no token: the header completes the handshake
         now = time.monotonic()
@@ -346,20 +343,14 @@ class ReporterServer:
         self._flush(client)
 
     def _flush(self, client: Peer) -> None:
-        sent_any = False
-        while client.out:
-            try:
-                sent = client.sock.send(client.out)
-                self.counters.bytes_out += sent
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                self._drop(client, f"write error: {exc}")
-                return
-            del client.out[:sent]
-            self._queued -= sent
-            sent_any = sent_any or sent > 0
-        if sent_any:
+        try:
+            sent = stream.send_queued(client.sock, client.out)
+        except OSError as exc:
+            self._drop(client, f"write error: {exc}")
+            return
+        self.counters.bytes_out += sent
+        self._queued -= sent
+        if sent:
             client.last_drain = time.monotonic()
         self._update_events(client)
 

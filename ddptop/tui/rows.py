@@ -13,7 +13,8 @@ from typing import Any
 from ddptop.diagnosis.desync import RankFacts, facts_of, leads_of, marks_of
 from ddptop.model.job import JobModel, RankView
 from ddptop.status import Status
-from ddptop.textfmt import human_bytes, human_duration, rank_ranges
+from ddptop.textfmt import human_bytes, human_duration, pending_text, rank_ranges, usage_text
+from ddptop.textfmt import number as _num
 
 BAR_CELLS = 8
 
@@ -224,10 +225,6 @@ def filter_rows(rows: list[RankRow], query: str) -> list[RankRow]:
 
 # ---------------------------------------------------------------- cells
 
-def _num(value: float | int | None, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 def progress_bar(done: int, total: int | None, cells: int = BAR_CELLS) -> str:
     """A text bar ('████▌░░░'), readable without colour."""
     if not total or total <= 0:
@@ -273,8 +270,8 @@ def cells(row: RankRow) -> list[tuple[str, str]]:
     pending = ""
     if row.pending_seq is not None:
         left = "" if row.pending_left_s is None else f" ⏱{human_duration(max(0.0, row.pending_left_s))}"
-        pending = f"{row.pending_op} #{row.pending_seq} {human_duration(row.pending_age_s)}{left}"
-    shm = "-" if row.shm_used is None else f"{human_bytes(row.shm_used)}/{human_bytes(row.shm_total)}"
+        pending = pending_text(row.pending_op, row.pending_seq, row.pending_age_s) + left
+    shm = usage_text(row.shm_used, row.shm_total)
     pending_level = "bad" if row.pending_left_s is not None and row.pending_left_s < 60 else (
         "warn" if row.pending_seq is not None and (row.pending_age_s or 0) >= 5 else "")
     return [
