@@ -16,13 +16,13 @@ import os
 import sys
 import time
 
-from ddptop import auth
+from ddptop.agent.launcher import SPAWNED_VOICE, AgentLaunch, run_beside
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.outside import SIGNAL_ENV
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.errors import DdptopError, exit_code_for
-from ddptop.store import discovery, job_token, jobrecord
+from ddptop.store import discovery, jobrecord
 
 LOCK_FILE = "agent.lock"
 
@@ -79,45 +79,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddptop agent: {exc}", file=sys.stderr)
         return exit_code_for(exc)
     began = time.monotonic()
-    agent.start()
-    if args.serve:
-        try:
-            token = job_token.for_serving(args.serve, args.job_id, auth.load_token())
-            port = agent.serve(args.serve, token)
-            discovery.write_agent_port(args.job_id, port)  # the ranks name it from now on
-            print(f"ddptop agent: serving viewers on {args.serve}:{port}", file=sys.stderr, flush=True)
-        except (DdptopError, OSError) as exc:
-            print(f"ddptop agent: not serving viewers: {exc}", file=sys.stderr, flush=True)
-    if listen is not None:
-        try:
-            print(f"ddptop agent: metrics at {agent.serve_metrics(listen)}", file=sys.stderr, flush=True)
-        except OSError as exc:  # the record matters more than the metrics
-            print(f"ddptop agent: no metrics on {listen[0]}:{listen[1]}: {exc.strerror or exc}",
-                  file=sys.stderr)
-    try:
-        while True:
-            time.sleep(0.2)
-            elapsed = time.monotonic() - began
-            if args.seconds and elapsed >= args.seconds:
-                break
-            seen = agent.ranks_seen
-            if not seen and (elapsed >= args.first_rank_s
-                             or (args.rank_pid and not discovery.pid_alive(args.rank_pid))):
-                break
-            if seen and agent.ranks_running == 0:
-                break
-    except KeyboardInterrupt:
-        pass
-    record = agent.finish(None, grace_s=2.0)
+
+    def tell_ranks(port: int) -> None:
+        discovery.write_agent_port(args.job_id, port)  # the ranks name it from now on
+
+    launch = AgentLaunch(voice=SPAWNED_VOICE, serve_on=args.serve, on_serving=tell_ranks, metrics_on=listen,
+                         grace_s=2.0)
+    _none, record = run_beside(agent, launch, lambda: _until_ranks_gone(agent, args, began))
     (jobrecord.job_dir(args.job_id) / LOCK_FILE).unlink(missing_ok=True)
     (discovery.runtime_dir(create=False) / f"{args.job_id}.{discovery.AGENT_SUFFIX}").unlink(missing_ok=True)
-    job_token.remove(args.job_id)
     summary = {"job_id": args.job_id, "ranks": len(record.ranks),
                "seconds": round(time.monotonic() - began, 3), "record_bytes": record.record_bytes,
                "frames": agent.recording.frames if agent.recording else 0,
                "compactions": agent.recording.compactions if agent.recording else 0}
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def _until_ranks_gone(agent: NodeAgent, args: argparse.Namespace, began: float) -> None:
+    """Wait until every rank seen is gone (or none came in time, or the time is up, or ^C)."""
+    try:
+        while True:
+            time.sleep(0.2)
+            elapsed = time.monotonic() - began
+            if args.seconds and elapsed >= args.seconds:
+                return
+            seen = agent.ranks_seen
+            if not seen and (elapsed >= args.first_rank_s
+                             or (args.rank_pid and not discovery.pid_alive(args.rank_pid))):
+                return
+            if seen and agent.ranks_running == 0:
+                return
+    except KeyboardInterrupt:
+        return
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from ddptop.net.server import ReporterServer, Respond, ServerLoop
 from ddptop.protocol import (
+    AGENT_HELLO_RANK,
     AgentBeat,
     AgentReply,
     ErrorMsg,
@@ -70,9 +71,10 @@ class NodeEndpoint:
         self._ask = ask
         self._loop = ServerLoop(wakeable=True)
         try:
-            self.server = ReporterServer(bind, port, token, -1, job_id, self._handle, loop=self._loop,
-                                         max_output=MAX_VIEWER_OUTPUT, role="agent", deferrer=self._defer,
-                                         max_clients=MAX_PEERS, max_pending=MAX_HANDSHAKING)
+            self.server = ReporterServer(bind, port, token, AGENT_HELLO_RANK, job_id, self._handle,
+                                         loop=self._loop, max_output=MAX_VIEWER_OUTPUT, role="agent",
+                                         deferrer=self._defer, max_clients=MAX_PEERS,
+                                         max_pending=MAX_HANDSHAKING)
         except OSError:
             self._loop.close()
             raise

@@ -35,6 +35,7 @@ from ddptop.client.targets import JobTarget, read_store
 from ddptop.diagnosis.common import ranks_text
 from ddptop.model.job import LOST
 from ddptop.protocol import (
+    STUB_LOCAL_RANK,
     AgentBeat,
     CollectiveGroup,
     ConnectionEvent,
@@ -279,8 +280,8 @@ class Exchange:
             if rank in peer.ranks_ended:
                 continue
             if rank in peer.steps:  # the step it was last seen at, as its agent's last beat said
-                state = RankState(rank=rank, local_rank=-1, world_size=self.world_size, host=peer.node,
-                                  pid=0, job_id=self.job_id, time=gone, step=peer.steps[rank])
+                state = RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=self.world_size,
+                                  host=peer.node, pid=0, job_id=self.job_id, time=gone, step=peer.steps[rank])
                 self._on_news(RecordEntry(time=gone, rank=rank, message=StateMsg(state=state)))
             self._on_news(RankExit(time=gone, rank=rank, pid=0,
                                    host=peer.node or peer.endpoint.host, cause="node_lost"))

@@ -1,21 +1,25 @@
 """The node agent: one per job and host, it outlives the ranks and keeps their record.
 
-``ddptop launch`` runs it on a thread beside the command it launched. It
+``ddptop launch`` and ``python -m ddptop.agent`` run it (:mod:`ddptop.agent.launcher`) on a
+thread beside the job. It is made of parts, each in its own module:
 
-* finds the job's local ranks in the runtime directory, subscribes to each (a ``LiveSource``)
-  and writes all they send into the black box (:class:`~ddptop.agent.recording.JobRecording`);
-* watches every rank's process from outside (:class:`~ddptop.agent.exits.ExitWatcher`):
-  when one ends, it records how (exit code or signal), its last words, its crash file and
-  the crash files of its dead DataLoader workers, before anything is cleaned up;
-* reads a rank that stops answering from outside (:mod:`ddptop.agent.outside`: py-spy,
-  faulthandler's signal, /proc) and leaves where it is stuck in ``<job>.<rank>.stuck`` for
-  viewers on this host, and in the black box;
-* keeps ``job.json`` (:mod:`ddptop.store.jobrecord`) current: ``jobs``, ``doctor``, ``replay``;
-* serves its model of the job as Prometheus metrics when asked (:mod:`ddptop.agent.metrics`);
-* exchanges news with the job's other node agents (:mod:`ddptop.agent.news`): what they tell
-  goes into this black box too, so any surviving node's record tells the whole job's ending.
+* **rank watching and exits** (:class:`~ddptop.agent.ranks.LocalRanks`): the job's local ranks,
+  found in the runtime directory; when one's process ends, how (exit code or signal, the OOM
+  killer's or SLURM's part), its last words and its crash file, before anything is cleaned up;
+* **silence and outside reads** (:class:`~ddptop.agent.stuck.StuckWatch`): a rank that stops
+  answering is read from outside (py-spy, faulthandler's signal, /proc), and where it is stuck
+  is left in ``<job>.<rank>.stuck`` for viewers on this host, and in the black box;
+* **the job's outcome** (:mod:`ddptop.agent.outcomes`): ``job.json`` (read by ``jobs``,
+  ``doctor``, ``replay``) written from the agent's :class:`~ddptop.model.job.JobModel`, the
+  model that every event of the black box (:class:`~ddptop.agent.recording.JobRecording`) is
+  folded into: the two cannot disagree on how a rank ended.
 
-Nothing here runs inside a rank: the cost of recording is the agent's, never training's.
+Here they are put together: every event, whether a rank sent it (through a ``LiveSource``
+subscribed to each rank), the agent saw it or another node's agent told it (the exchange,
+:mod:`ddptop.agent.news`), goes into the black box and the model along one path. The agent
+also serves the model to viewers (:mod:`ddptop.agent.endpoint`) and as Prometheus metrics
+(:mod:`ddptop.agent.metrics`). Nothing here runs inside a rank: the cost of recording is the
+agent's, never training's.
 """
 
 from __future__ import annotations
@@ -27,37 +31,25 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from ddptop import auth
 from ddptop._version import __version__
 from ddptop.agent.exchange import news_stacks, news_state
-from ddptop.agent.exits import ExitWatcher, ProcessExit
-from ddptop.agent.news import NodeNews, rank_environ
-from ddptop.agent.oom import MemoryWatch
-from ddptop.agent.outside import OutsideReader, Silence
-from ddptop.agent.recording import JobRecording, crash_frame
-from ddptop.agent.scheduler import SchedulerWatch
+from ddptop.agent.exits import ProcessExit
+from ddptop.agent.news import NodeNews
+from ddptop.agent.outcomes import JobFile, LostAtFinish
+from ddptop.agent.ranks import LocalRanks
+from ddptop.agent.recording import JobRecording
 from ddptop.agent.serving import ask_ranks, model_catch_up
+from ddptop.agent.stuck import StuckWatch
 from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
 from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
-from ddptop.protocol import (
-    ConnectionEvent,
-    Event,
-    RankExit,
-    RecordEntry,
-    StacksMsg,
-    StateMsg,
-    StuckReport,
-)
-from ddptop.status import FINAL, Status
-from ddptop.store import discovery, jobrecord, remains
-from ddptop.store.discovery import Endpoint
-from ddptop.store.jobrecord import JobRecord, RankOutcome
-from ddptop.store.remains import MAX_CRASH_READ, has_stacks, read_text_tail
+from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, StacksMsg, StateMsg, StuckReport
+from ddptop.status import FINAL
+from ddptop.store import jobrecord, remains
+from ddptop.store.jobrecord import JobRecord
 
 if TYPE_CHECKING:  # prometheus_client is imported only by a launch that serves metrics
     from ddptop.agent.endpoint import NodeEndpoint
@@ -76,27 +68,23 @@ class NodeAgent:
     def __init__(self, job_id: str, command: list[str], cap_bytes: int, *, record: bool = True) -> None:
         self.job_id = job_id
         self.host = socket.gethostname()
-        self.record = JobRecord(job_id=job_id, host=self.host, command=list(command),
-                                agent_pid=os.getpid(), start_time=time.time(),
-                                ddptop_version=__version__)
-        self.model = JobModel(job_id=job_id)  # what the agent knows: exits and final states
+        self.model = JobModel(job_id=job_id)  # what the agent knows: endings, last states, stuck reports
+        # Guards the model, the job file and the set of remote ranks (the agent's, the live
+        # source's, the outside reader's and the endpoint's threads all reach them).
         self._lock = threading.Lock()
-        self._known: dict[int, Endpoint] = {}  # rank -> endpoint (its current pid)
-        self._exits = ExitWatcher()
-        self._memory = MemoryWatch()  # each rank's memory cgroup: was a SIGKILL the OOM killer's?
-        self._scheduler = SchedulerWatch()  # each rank's SLURM job: did SLURM stop it?
+        self._file = JobFile(JobRecord(job_id=job_id, host=self.host, command=list(command),
+                                       agent_pid=os.getpid(), start_time=time.time(),
+                                       ddptop_version=__version__))
+        self._ranks = LocalRanks(job_id, self.host)
+        self._stuck = StuckWatch(job_id, self._ranks.pid_of, self._on_stuck)
+        self._lost = LostAtFinish()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._record_written = 0.0
-        self._record_warned = False
-        self._silence = Silence()  # guarded by self._lock
-        self._stuck: set[int] = set()  # ranks with a .stuck file written (guarded by self._lock)
-        self._outside = OutsideReader(self._on_stuck)
         self.recording: JobRecording | None = None
         self._metrics: MetricsServer | None = None
         self._endpoint: NodeEndpoint | None = None
         self._news = NodeNews(job_id, self.host, self._remote)  # the exchange, once serving
-        self._remote_ranks: set[int] = set()  # ranks of other nodes, as the exchange told (self._lock)
+        self._remote_ranks: set[int] = set()  # ranks of other nodes, as the exchange told
         if record:
             manifest = Manifest(schema_version=SCHEMA_VERSION, kind="recording", created=time.time(),
                                 job_id=job_id, world_size=0, ddptop_version=__version__,
@@ -111,18 +99,22 @@ class NodeAgent:
         # say "lost" for a rank that said goodbye. The exit itself comes later, from the pidfd.
         self._live = LiveSource(JobTarget(job_id=job_id, world_size=0, endpoints=[]), token=auth.load_token(),
                                 read_stuck=False)
-        self._write_record()
+        self._write_file()
+
+    @property
+    def record(self) -> JobRecord:
+        """``job.json`` as last written (its ranks' outcomes read off :attr:`model`)."""
+        return self._file.record
 
     @property
     def ranks_seen(self) -> int:
         """Ranks that announced themselves so far."""
-        return len(self._known)
+        return len(self._ranks.endpoints)
 
     @property
     def ranks_running(self) -> int:
         """Ranks whose process has not ended yet."""
-        with self._lock:
-            return self._exits.watching
+        return self._ranks.running
 
     def serve_metrics(self, listen: tuple[str, int]) -> str:
         """Serve Prometheus metrics on *listen* until :meth:`finish`; the URL (OSError if unbindable)."""
@@ -133,7 +125,7 @@ class NodeAgent:
         self._metrics = server
         with self._lock:
             self.record.metrics_url = server.url
-            self._write_record()
+            self._write_file()
         return server.url
 
     def serve(self, bind: str, token: str | None, port: int = 0) -> int:
@@ -168,23 +160,24 @@ class NodeAgent:
     def finish(self, exit_code: int | None, grace_s: float = 5.0) -> JobRecord:
         """The command ended: wait (bounded) for the ranks' exits, close the record."""
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._exits.watching == 0:
-                    break
+        while time.monotonic() < deadline and self._ranks.running:
             time.sleep(0.05)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=grace_s)
         self._scan()  # a rank that announced itself at the very end
-        for gone in self._exits.poll(0):
+        for gone in self._ranks.exits(0):
             self._on_exit(gone)
         # The job ended here; the other nodes may still be telling how it ended there (or be
         # found lost): bounded, and at once when every other rank's ending is known.
-        self.record.exchange = self._news.finish(sorted(self._known))
-        self._live.stop()
-        self._outside.close()
-        self._exits.close()
+        self.record.exchange = self._news.finish(sorted(self._ranks.endpoints))
+        self._live.stop()  # no connection event after this one: the verdicts below are the last word
+        with self._lock:
+            lost = self._lost.verdicts(self.model, self._ranks.pids(), time.time())
+        for verdict in lost:  # it never reported an end before the command ended
+            self._take(verdict)
+        self._stuck.close()
+        self._ranks.close()
         if self._endpoint is not None:  # after the last exits went out to the viewers
             self._endpoint.close()
         if self._metrics is not None:
@@ -193,16 +186,13 @@ class NodeAgent:
         with self._lock:
             self.record.end_time = time.time()
             self.record.exit_code = exit_code
-            for outcome in self.record.ranks:
-                if outcome.status in (Status.RUNNING, Status.STARTING):
-                    outcome.status = "lost"  # it never reported an end before the command ended
             if self.recording is not None:
                 try:
                     self.recording.close(f"command exited with {exit_code}")
                 except Exception as exc:
                     self.record.record_errors += 1
                     log.warning("ddptop agent: closing the recording failed: %s", exc)
-            self._write_record()
+            self._write_file()
         return self.record
 
     # ------------------------------------------------------------ the thread
@@ -214,61 +204,61 @@ class NodeAgent:
                 if time.monotonic() >= next_scan:
                     self._scan()
                     next_scan = time.monotonic() + SCAN_S
-                for gone in self._exits.poll(SCAN_S / 2):
+                for gone in self._ranks.exits(SCAN_S / 2):
                     self._on_exit(gone)
-                self._read_silent_ranks()
+                self._stuck.read_silent()
                 if self.recording is not None:
                     try:
                         self.recording.flush_if_due()
                     except Exception as exc:
                         self._record_failed(exc)
                 with self._lock:
-                    steps = self.model.steps(self._known)
+                    steps = self.model.steps(self._ranks.endpoints)
                 self._news.beat(steps)
-                if time.monotonic() - self._record_written >= RECORD_EVERY_S:
+                if time.monotonic() - self._file.written_at >= RECORD_EVERY_S:
                     with self._lock:
-                        self._write_record()
+                        self._write_file()
             except Exception as exc:  # the agent must outlive anything a rank leaves behind
                 log.warning("ddptop agent: %s", exc)
                 self._stop.wait(0.1)
 
     def _scan(self) -> None:
-        new: list[Endpoint] = []
-        for endpoint in discovery.jobs_on_host(include_stale=True).get(self.job_id, []):
-            known = self._known.get(endpoint.rank)
-            if known is not None and (known.pid, known.agent_port) == (endpoint.pid, endpoint.agent_port):
-                continue
-            self._known[endpoint.rank] = endpoint
+        changed, started = self._ranks.scan()
+        for endpoint in changed:
             self._news.rank_found(endpoint)  # again once it names this agent (install() spawned it)
-            if known is not None and known.pid == endpoint.pid:
-                continue
-            new.append(endpoint)
+        for endpoint in started:
+            self._stuck.forget(endpoint.rank)  # a new incarnation is judged afresh
             with self._lock:
-                self._exits.watch(endpoint.rank, endpoint.pid)
-                self._memory.watch(endpoint.rank, endpoint.pid)
-                self._scheduler.watch(endpoint.rank, endpoint.pid, rank_environ(endpoint.pid))
-                self._silence.forget(endpoint.rank)  # a new incarnation is judged afresh
                 self.record.world_size = max(self.record.world_size, endpoint.world_size)
-                self.record.ranks = [o for o in self.record.ranks if o.rank != endpoint.rank]
-                self.record.ranks.append(RankOutcome(rank=endpoint.rank, pid=endpoint.pid))
-                self.record.ranks.sort(key=lambda o: o.rank)
-        if new:
-            self._live.add_endpoints(new)
+        if started:
+            self._live.add_endpoints(started)
+
+    # ------------------------------------------------------------ the one path of every event
 
     def _event(self, event: Frame) -> None:
-        # From the live source's thread, and from ours for exits and last words.
+        """What the live source brings (its thread). A rank's connection is not how it ended
+        (a clean exit closes it first): that is the agent's to see, from the exit, so
+        connection events go into the record and to viewers, not into the model."""
+        if isinstance(event, ConnectionEvent):
+            self._lost.saw(event)
+            self._take(event, into_model=False)
+        else:
+            self._take(event)
+
+    def _take(self, event: Frame, into_model: bool = True) -> None:
+        """One event into the black box, the model and out to this node's viewers: what a rank
+        sent, and what the agent saw itself (exits, crash files, stuck reports, its verdicts)."""
         if (isinstance(event, RecordEntry) and isinstance(event.message, StateMsg)
                 and event.message.state.status in FINAL and not event.message.state.worker_crashes):
             # Last words, whichever path brought them: with the rank's dead workers attached.
             state = event.message.state
             state.worker_crashes = remains.worker_crashes(self.job_id, event.rank, state)
         self._record(event)
-        if isinstance(event, RecordEntry | RankExit):
-            # Not its connections: how a rank ended is the agent's to see, from its exit.
+        if into_model and isinstance(event, RecordEntry | RankExit | ConnectionEvent):
             with self._lock:
                 self.model.apply(event)
-                if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
-                    self._heard(event.rank, event.time, event.message.state.status in FINAL)
+            if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
+                self._stuck.heard(event.rank, event.time, event.message.state.status in FINAL)
         if self._endpoint is not None and isinstance(event, RecordEntry | RankExit | ConnectionEvent):
             self._endpoint.publish(event)
 
@@ -283,89 +273,31 @@ class NodeAgent:
             local = set(self.model.ranks) - self._remote_ranks
         return ask_ranks(self._live, self.model, self._lock, local, command, timeout)
 
-    # ------------------------------------------------------------ stacks from outside
-
-    def _heard(self, rank: int, at: float, final: bool) -> None:
-        # Under self._lock. A rank that answers again loses its .stuck file.
-        if final:
-            self._silence.forget(rank)
-        else:
-            self._silence.heard(rank, at)
-        if rank in self._stuck:
-            self._stuck.discard(rank)
-            self._outside.answered(rank)
-            discovery.record_path(self.job_id, rank, "stuck").unlink(missing_ok=True)
-
-    def _read_silent_ranks(self) -> None:
-        """Ask the outside reader (its own thread, rate-limited) about every silent rank."""
-        with self._lock:
-            silent = self._silence.silent(time.time())
-        for rank, since in silent:
-            endpoint = self._known.get(rank)
-            if endpoint is not None and discovery.pid_alive(endpoint.pid):
-                self._outside.request(rank, endpoint.pid, since,
-                                      discovery.record_path(self.job_id, rank, "crash"))
-
     def _on_stuck(self, report: StuckReport) -> None:
-        # On the outside reader's thread: publish for viewers here, then into the black box.
-        with self._lock:
-            endpoint = self._known.get(report.rank)
-            if endpoint is None or endpoint.pid != report.pid or report.rank not in {
-                    r for r, _ in self._silence.silent(time.time())}:
-                return  # it answered (or ended) while it was being read
-            self._stuck.add(report.rank)
-            try:
-                discovery.private_write(discovery.record_path(self.job_id, report.rank, "stuck"),
-                                        msgspec.msgpack.encode(report))
-            except OSError as exc:
-                log.warning("ddptop agent: cannot write rank %d's stuck report: %s", report.rank, exc)
+        # On the outside reader's thread, its .stuck file written: into the black box, and news.
         stacks = StacksMsg.of_stuck(report)
-        self._event(RecordEntry(time=report.time, rank=report.rank, message=stacks))
+        self._take(RecordEntry(time=report.time, rank=report.rank, message=stacks))
         self._news.tell(RecordEntry(time=report.time, rank=report.rank, message=news_stacks(stacks)))
 
-    def _record(self, event: Frame) -> None:
-        if self.recording is not None:
-            try:
-                self.recording.write(event)
-            except Exception as exc:  # a full disk must not stop the watching
-                self._record_failed(exc)
-
-    def _record_failed(self, exc: Exception) -> None:
-        with self._lock:
-            self.record.record_errors += 1
-            if self.record.record_errors == 1:  # once: a full disk fails every second after
-                self.record.record_note = f"recording failed: {exc}"
-                log.warning("ddptop agent: recording failed: %s (what was recorded stays readable)", exc)
-
     def _on_exit(self, gone: ProcessExit) -> None:
-        endpoint = self._known.get(gone.key)
-        if endpoint is None or endpoint.pid != gone.pid:
-            return  # a previous incarnation of a restarted rank
+        self._stuck.heard(gone.key, gone.time, final=True)
         with self._lock:
-            self._heard(gone.key, gone.time, final=True)
             view = self.model.ranks.get(gone.key)
             seen = view.state if view is not None else None
-        state = remains.read_final_state(self.job_id, gone.key, gone.pid, seen)
-        if state is not None and state is not seen:
-            self._event(RecordEntry(time=gone.time, rank=gone.key, message=StateMsg(state=state)))
-        self._record_crash_file(gone.key)
-        oom = self._memory.verdict(gone.key, gone.pid, gone.signal)
-        cause = oom.cause or self._scheduler.verdict(gone.key, gone.pid, gone.signal)
-        exit_event = RankExit(time=gone.time, rank=gone.key, pid=gone.pid, host=endpoint.node or self.host,
-                              exit_code=gone.exit_code, signal=gone.signal, cause=cause,
-                              memory_limit_bytes=oom.limit_bytes, memory_peak_bytes=oom.peak_bytes)
-        self._event(exit_event)
+        told: list[Event] = []
+        for event in self._ranks.ending(gone, seen):  # its last words, crash file, exit
+            self._take(event)
+            if isinstance(event, RankExit):
+                told.append(event)
         with self._lock:
             view = self.model.ranks.get(gone.key)
             last = view.state if view is not None else None
-            reason = state.exit_reason if state is not None else ""
-            self.record.rank_ended(gone.key, gone.pid, gone.exit_code, gone.signal, gone.time, reason,
-                                   self.model.statuses(time.time()))
-            self._write_record()
+            self._write_file()
         if last is not None:  # its last word, or its last sample: the step it died at
             last_words = StateMsg(state=news_state(last))
-            self._news.tell(RecordEntry(time=last.time, rank=gone.key, message=last_words))
-        self._news.tell(exit_event)
+            told.insert(0, RecordEntry(time=last.time, rank=gone.key, message=last_words))
+        for news in told:
+            self._news.tell(news)
 
     def _remote(self, event: Frame) -> None:
         """What another node's agent told (its ranks' endings, stuck reports, a lost node) and
@@ -377,23 +309,21 @@ class NodeAgent:
             elif isinstance(event, RecordEntry | RankExit):
                 self._remote_ranks.add(event.rank)
                 self.model.apply(event)
-                self.record.world_size = max(self.record.world_size, self.model.world_size)
 
-    def _record_crash_file(self, rank: int) -> None:
-        path = discovery.record_path(self.job_id, rank, "crash")
-        text, _cut = read_text_tail(path, MAX_CRASH_READ)
-        if has_stacks(text):
-            self._event(crash_frame(rank, path.name, text, MAX_CRASH_READ))
+    # ------------------------------------------------------------ the files
 
-    def _write_record(self) -> None:
-        self.record.exchange = self._news.summary()
+    def _record(self, event: Frame) -> None:
         if self.recording is not None:
-            self.record.record_bytes = self.recording.bytes_on_disk
-        try:
-            jobrecord.write_record(self.record)
-        except (OSError, DdptopError) as exc:
-            if not self._record_warned:
-                log.warning("ddptop agent: cannot write the job record: %s", exc)
-            self._record_warned = True
-        self._record_written = time.monotonic()
+            try:
+                self.recording.write(event)
+            except Exception as exc:  # a full disk must not stop the watching
+                self._record_failed(exc)
 
+    def _record_failed(self, exc: Exception) -> None:
+        with self._lock:
+            self._file.recording_failed(exc)
+
+    def _write_file(self) -> None:
+        # Under self._lock: job.json, its ranks' outcomes read off the model as it is now.
+        record_bytes = self.recording.bytes_on_disk if self.recording is not None else 0
+        self._file.write(self.model, self._ranks.pids(), self._news.summary(), record_bytes)

@@ -5,7 +5,8 @@ of the job loads it, and it starts the reporter only where RANK is set. The trai
 script is not changed. Signals are forwarded to the command's process group, and the
 command's exit code is ours.
 
-This process is also the job's node agent (:mod:`ddptop.agent.node`): it outlives the
+This process is also the job's node agent (:mod:`ddptop.agent.node`, run beside the command
+by :func:`ddptop.agent.launcher.run_beside`, as ``python -m ddptop.agent`` runs it): it outlives the
 ranks, sees how each one ended and keeps the job's black-box record, which ``ddptop
 jobs``, ``doctor``, ``replay`` and ``export`` read once the job is gone. Old records are
 pruned when a job starts (``DDPTOP_KEEP_DAYS``, ``DDPTOP_KEEP_MB``).
@@ -23,12 +24,13 @@ from pathlib import Path
 
 from ddptop import auth
 from ddptop.agent import outside
+from ddptop.agent.launcher import LAUNCH_VOICE, AgentLaunch, run_beside
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
 from ddptop.agent.node import NodeAgent
 from ddptop.agent.recording import DEFAULT_CAP_BYTES
 from ddptop.agent.stderr_tail import DEFAULT_CAP_BYTES as DEFAULT_TAIL_BYTES
 from ddptop.agent.stderr_tail import StderrTail
-from ddptop.errors import DdptopError, UsageError
+from ddptop.errors import UsageError
 from ddptop.status import Status
 from ddptop.store import discovery, job_token, jobrecord
 from ddptop.textfmt import rank_ranges
@@ -110,21 +112,36 @@ def run(args: argparse.Namespace) -> int:
         # The job matters more than watching it: run it, blind, and say why once.
         print(f"ddptop: {exc}; running the job without ddptop", file=sys.stderr)
         env["DDPTOP_DISABLE"] = "1"
-    if agent is not None and cap > 0:
+    if agent is None:
+        return _run_command(command, env, None)
+    if cap > 0:
         _fr_dumps_into_record(env, job_id)
-    if agent is not None:
-        _job_token_quietly(job_id)
-        print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
-        agent.start()
-        _serve_node(agent, job_id, args.bind or env.get("DDPTOP_BIND") or "127.0.0.1", env)
-        if listen is not None:
-            _serve_metrics(agent, listen)
-    tail = _stderr_tail(job_id, cap) if agent is not None and cap > 0 else None
+    _job_token_quietly(job_id)
+    print(f"ddptop: job {job_id}; watch it with `ddptop attach {job_id}`", file=sys.stderr)
+
+    def tell_ranks(port: int) -> None:
+        env[discovery.AGENT_PORT_ENV] = str(port)  # they publish it beside their own
+
+    launch = AgentLaunch(voice=LAUNCH_VOICE, serve_on=args.bind or env.get("DDPTOP_BIND") or "127.0.0.1",
+                         on_serving=tell_ranks, metrics_on=listen)
+    code, record = run_beside(agent, launch, lambda: _run_command(command, env, _stderr_tail(job_id, cap)))
+    failed = [o for o in record.ranks if o.status not in (Status.EXITED, Status.RUNNING)]
+    if code != 0 or failed:
+        culprit = agent.model.first_failure()
+        first = f"rank {culprit.rank} {culprit.status} first; " if culprit is not None else ""
+        torn = [o.rank for o in failed if o.status == Status.TORN_DOWN]
+        down = f"{rank_ranges(torn)} torn down; " if torn else ""
+        print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
+              file=sys.stderr)
+    return code
+
+
+def _run_command(command: list[str], env: dict[str, str], tail: StderrTail | None) -> int:
+    """Run the job's command to its end, signals forwarded to it, its stderr through *tail*
+    when there is one; its exit code."""
     try:
         proc = subprocess.Popen(command, env=env, stderr=tail.child_fd if tail is not None else None)
     except OSError as exc:
-        if agent is not None:
-            agent.finish(None, grace_s=0)
         raise UsageError(f"cannot start {command[0]}: {exc.strerror}") from None
     if tail is not None:
         tail.child_started()
@@ -138,18 +155,6 @@ def run(args: argparse.Namespace) -> int:
     code = proc.wait()
     if tail is not None:
         tail.join(STDERR_DRAIN_S)  # the job's last words on stderr, into the record first
-    if agent is None:
-        return code
-    record = agent.finish(code)
-    job_token.remove(job_id)  # its ranks are gone; the record needs no token
-    failed = [o for o in record.ranks if o.status not in ("exited", "running")]
-    if code != 0 or failed:
-        culprit = agent.model.first_failure()
-        first = f"rank {culprit.rank} {culprit.status} first; " if culprit is not None else ""
-        torn = [o.rank for o in failed if o.status == Status.TORN_DOWN]
-        down = f"{rank_ranges(torn)} torn down; " if torn else ""
-        print(f"ddptop: job {job_id} ended ({code}): {first}{down}see `ddptop doctor {job_id}`",
-              file=sys.stderr)
     return code
 
 
@@ -158,7 +163,10 @@ LAUNCHER_ENV = "DDPTOP_LAUNCHER"
 
 
 def _stderr_tail(job_id: str, cap: int) -> StderrTail | None:
-    """The job's stderr through us, its tail into the record; None (stderr as it was) on trouble."""
+    """The job's stderr through us, its tail into the record; None (stderr as it was) when
+    nothing is recorded (*cap* 0) or on trouble."""
+    if cap <= 0:
+        return None
     try:
         keep = min(DEFAULT_TAIL_BYTES, max(cap // 4, 1 << 16))
         return StderrTail(jobrecord.job_dir(job_id, create=True), keep)
@@ -174,25 +182,6 @@ def _job_token_quietly(job_id: str) -> None:
             job_token.ensure(job_id)
         except OSError as exc:
             print(f"ddptop: no job token ({exc}); ranks serve loopback without one", file=sys.stderr)
-
-
-def _serve_node(agent: NodeAgent, job_id: str, bind: str, env: dict[str, str]) -> None:
-    """Open the node's one endpoint for viewers, where the ranks serve and with their token,
-    and tell the ranks its port (they publish it beside their own)."""
-    try:
-        token = job_token.for_serving(bind, job_id, auth.load_token())
-        env[discovery.AGENT_PORT_ENV] = str(agent.serve(bind, token))
-    except (OSError, DdptopError) as exc:  # viewers then reach each rank directly, as before
-        print(f"ddptop: no node endpoint on {bind}: {exc}; viewers connect to each rank", file=sys.stderr)
-
-
-def _serve_metrics(agent: NodeAgent, listen: tuple[str, int]) -> None:
-    # Like the recording: a port in use costs the metrics, never the job.
-    try:
-        print(f"ddptop: metrics at {agent.serve_metrics(listen)}", file=sys.stderr)
-    except OSError as exc:
-        print(f"ddptop: no metrics: cannot listen on {listen[0]}:{listen[1]}: {exc.strerror or exc}",
-              file=sys.stderr)
 
 
 FR_DUMP_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # today's name, then the old
