@@ -5,6 +5,11 @@ messages carry these structs): typed msgspec structs whose field names are publi
 of ``ddptop snapshot --json``). Add fields (with defaults), never rename. Every struct is
 ``gc=False`` (plain data, never in a cycle; a viewer of 4096 ranks keeps millions of them).
 Imports only msgspec and the standard library: the reporter inside a training rank uses it.
+
+"Not known" has one spelling per kind of field, kept as the wire has always carried it: a
+measurement nobody could take is ``None`` (shown as "-", never a made-up 0); a wall-clock
+moment that has not happened yet (``last_step_at``, ``exited_at``...) is ``0.0``; a rank
+number nobody told is ``protocol.STUB_LOCAL_RANK`` / ``AGENT_HELLO_RANK`` (-1).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _record(job_id: str, start: float, end: float, agent_pid: int = 0) -> None:
     jobrecord.write_record(JobRecord(job_id=job_id, host="h", start_time=start, end_time=end,
                                      agent_pid=agent_pid, ranks=[outcome]))
     (jobrecord.job_dir(job_id) / "history.ddptop").write_bytes(b"x" * 100_000)
-    discovery.record_path(job_id, 0, "crash").write_text("# crash file\n")
+    discovery.rank_file(job_id, 0, "crash").write_text("# crash file\n")
 
 
 def test_prune_by_age_then_size_never_a_running_job(runtime_dir: Path) -> None:
@@ -107,8 +107,8 @@ def test_prune_by_age_then_size_never_a_running_job(runtime_dir: Path) -> None:
     assert result.removed == ["old", "mid"], result
     left = sorted(r.job_id for r in jobrecord.list_records())
     assert left == ["new", "old.x", "run"]
-    assert not discovery.record_path("old", 0, "crash").exists()
-    assert discovery.record_path("old.x", 0, "crash").exists()
+    assert not discovery.rank_file("old", 0, "crash").exists()
+    assert discovery.rank_file("old.x", 0, "crash").exists()
     res = subprocess.run(ddptop_cmd("jobs", "--prune", "--keep-days", "0"), capture_output=True, text=True,
                          timeout=60, check=False)
     assert res.returncode == 0 and "pruned 2 job(s)" in res.stdout, res

@@ -147,7 +147,7 @@ def test_a_silent_agent_is_lost_from_when_it_last_spoke_a_beating_one_never(
     """A node that loses its link closes no connection: its beats just stop. It is lost once
     silent and unreachable long enough, its ranks' end dated to its last beat; a peer that
     goes on beating is never lost."""
-    monkeypatch.setattr(exchange_mod, "SILENT_AFTER_S", 1.0)
+    monkeypatch.setattr(exchange_mod, "AGENT_SILENT_AFTER_S", 1.0)
     monkeypatch.setattr(exchange_mod, "NODE_LOST_AFTER_S", 1.0)
     monkeypatch.setattr(exchange_mod, "RETRY_S", 0.5)
     b, c, _older = agents

@@ -243,7 +243,7 @@ def test_records_stale_pids_and_junk(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert discovery.read_records() == [live]
     assert sorted(discovery.read_records(include_stale=True), key=lambda e: e.rank) == [dead, live]
     assert discovery.jobs_on_host() == {"j1": [live]}
-    assert Path(discovery.record_path("j1", 0, "crash")).name == "j1.0.crash"
+    assert Path(discovery.rank_file("j1", 0, "crash")).name == "j1.0.crash"
     assert discovery.Endpoint.from_json(live.to_json()) == live
     assert not list(path.parent.glob("*.tmp*"))  # atomic write left no temporary behind
 

@@ -52,9 +52,9 @@ from ddptop.store.discovery import Endpoint
 log = logging.getLogger(__name__)
 
 BEAT_S = 2.0  # an agent's beat to the others
-# A peer agent silent this long (no beat) is looked at as lost: a node that loses power or its
-# link closes no connection, its beats just stop.
-SILENT_AFTER_S = 4 * BEAT_S
+# A peer *agent* silent this long (no beat) is looked at as lost: a node that loses power or its
+# link closes no connection, its beats just stop. (A silent *rank* is ddptop.status's rule.)
+AGENT_SILENT_AFTER_S = 4 * BEAT_S
 # Closed or silent, no goodbye, and not back (beat or news) for this long: its node is lost.
 NODE_LOST_AFTER_S = 6.0
 RETRY_S = 2.0  # a lost peer agent is tried again this often
@@ -250,7 +250,7 @@ class Exchange:
             for peer in self.peers.values():
                 if peer.ended or peer.declared_lost or peer.refused:
                     continue
-                if peer.lost_since is None and peer.heard_at and now - peer.heard_at >= SILENT_AFTER_S:
+                if peer.lost_since is None and peer.heard_at and now - peer.heard_at >= AGENT_SILENT_AFTER_S:
                     # Its beats stopped: gone since it last spoke, lost if it stays unreachable.
                     peer.lost_since, peer.gone_at, peer.retry_at = now, peer.heard_at, now
                 if peer.lost_since is None:

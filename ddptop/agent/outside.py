@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddptop.protocol import FrameStack, StuckReport
+from ddptop.status import SAMPLE_INTERVAL_S, silent_after_s
 from ddptop.store.remains import read_text_tail
 
 log = logging.getLogger(__name__)
@@ -205,13 +206,11 @@ def capture(rank: int, pid: int, since: float, crash_file: Path) -> StuckReport:
 class Silence:
     """When each rank's state last arrived, and which ranks have been silent too long.
 
-    The threshold is two of the rank's intervals plus ``GRACE_S``; the interval is not on
+    The threshold is :func:`ddptop.status.silent_after_s` of the rank's interval (two missed
+    samples and a grace: the one rule of silence, shared with the viewer); the interval is not on
     the wire, so it is learnt from the gaps between arrivals (their median, robust to a
     burst after a slow moment).
     """
-
-    GRACE_S = 1.0
-    DEFAULT_INTERVAL_S = 1.0
 
     def __init__(self) -> None:
         self._heard: dict[int, float] = {}
@@ -234,8 +233,7 @@ class Silence:
     def threshold(self, rank: int) -> float:
         """Seconds of silence after which *rank* counts as not answering."""
         gaps = sorted(self._gaps.get(rank, []))
-        interval = gaps[len(gaps) // 2] if gaps else self.DEFAULT_INTERVAL_S
-        return 2 * max(0.05, interval) + self.GRACE_S
+        return silent_after_s(gaps[len(gaps) // 2] if gaps else SAMPLE_INTERVAL_S)
 
     def silent(self, now: float) -> list[tuple[int, float]]:
         """(rank, last heard) of every rank silent for longer than its threshold."""

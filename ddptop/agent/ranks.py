@@ -90,7 +90,7 @@ class LocalRanks:
         state = remains.read_final_state(self.job_id, rank, gone.pid, seen)
         if state is not None and state is not seen:
             events.append(RecordEntry(time=gone.time, rank=rank, message=StateMsg(state=state)))
-        path = discovery.record_path(self.job_id, rank, "crash")
+        path = discovery.rank_file(self.job_id, rank, "crash")
         text, _cut = read_text_tail(path, MAX_CRASH_READ)
         if has_stacks(text):
             events.append(crash_frame(rank, path.name, text, MAX_CRASH_READ))

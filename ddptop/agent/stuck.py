@@ -66,14 +66,14 @@ class StuckWatch:
         for rank, since in silent:
             pid = self._pid_of(rank)
             if pid is not None and discovery.pid_alive(pid):
-                self._outside.request(rank, pid, since, discovery.record_path(self.job_id, rank, "crash"))
+                self._outside.request(rank, pid, since, discovery.rank_file(self.job_id, rank, "crash"))
 
     def close(self) -> None:
         """Stop reading."""
         self._outside.close()
 
     def _stuck_path(self, rank: int) -> Path:
-        return discovery.record_path(self.job_id, rank, "stuck")
+        return discovery.rank_file(self.job_id, rank, "stuck")
 
     def _reported(self, report: StuckReport) -> None:
         # On the outside reader's thread: for viewers on this host first, then to the agent.

@@ -77,7 +77,7 @@ def _target_of(source_or_target: object) -> JobTarget:
 
 def read_crash_file(job_id: str, rank: int) -> CrashFile | None:
     """A dead rank's faulthandler file from this host's runtime dir (tail, bounded)."""
-    path = discovery.record_path(job_id, rank, "crash")
+    path = discovery.rank_file(job_id, rank, "crash")
     text, truncated = read_text_tail(path, CRASH_READ_BYTES)  # capped, never through a link
     if len(text.strip().splitlines()) <= 1:
         return None  # unreadable, or only the header line: the rank never dumped anything

@@ -44,7 +44,7 @@ def last_words(endpoint: Endpoint) -> RankState:
         page = read_progress_page(endpoint.job_id, endpoint.rank)
         if page is not None:  # no last words: its step and loaders at its death, from its page
             state = apply_page(state, page)
-    crash = discovery.record_path(endpoint.job_id, endpoint.rank, "crash")
+    crash = discovery.rank_file(endpoint.job_id, endpoint.rank, "crash")
     fatal = crash_signal(crash)
     if fatal:
         state.status = Status.CRASHED

@@ -64,7 +64,7 @@ class Reporter:
         self.collectives = collectives.CollectiveTracker(
             fr_after_s=config.fr_after_s, timing_every_s=config.fr_timing_every_s)
         self.system = SystemSampler()
-        self.crash = CrashCapture(discovery.record_path(config.job_id, config.rank, "crash"))
+        self.crash = CrashCapture(discovery.rank_file(config.job_id, config.rank, "crash"))
         self.state = RankState(
             rank=config.rank, local_rank=config.local_rank, world_size=config.world_size,
             host=socket.gethostname(), pid=os.getpid(), job_id=config.job_id,
@@ -112,7 +112,7 @@ class Reporter:
 
     def _attach_page(self) -> None:
         """The progress page the node agent reads after a death no last words follow."""
-        path = discovery.record_path(self.config.job_id, self.config.rank, "page")
+        path = discovery.rank_file(self.config.job_id, self.config.rank, "page")
         try:
             page = ProgressPage.create(path, self.config.rank, time.time() - time.perf_counter())
         except (OSError, ValueError) as exc:  # the counters stay in private memory
@@ -133,7 +133,7 @@ class Reporter:
         reason = self.crash.exception_reason()
         self.last_words(Status.CRASHED if reason else Status.EXITED, reason)
         try:
-            discovery.record_path(self.config.job_id, self.config.rank).unlink(missing_ok=True)
+            discovery.rank_file(self.config.job_id, self.config.rank).unlink(missing_ok=True)
         except OSError as exc:
             log.debug("ddptop: discovery record not removed: %s", exc)
         if self.server is not None:
@@ -164,7 +164,7 @@ class Reporter:
                     self._count_error(exc)
             self.state.status = status
             self.state.exit_reason = mask_value(reason)  # an exception may quote a secret
-            path = discovery.record_path(self.config.job_id, self.config.rank, "last")
+            path = discovery.rank_file(self.config.job_id, self.config.rank, "last")
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as fh:

@@ -156,15 +156,17 @@ def private_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def record_path(job_id: str, rank: int, suffix: str = "json") -> Path:
-    """Path of a rank's record (or of its crash / last-words file, by *suffix*)."""
+def rank_file(job_id: str, rank: int, suffix: str = "json") -> Path:
+    """Path of one of a rank's files in the runtime directory, ``<job>.<rank>.<suffix>``: its
+    discovery record (``json``), last words (``last``), crash file (``crash``), progress page
+    (``page``) or the node agent's stuck report (``stuck``)."""
     return runtime_dir() / f"{job_id}.{rank}.{suffix}"
 
 
 def write_record(endpoint: Endpoint, directory: Path | None = None) -> Path:
     """Atomically write *endpoint*'s discovery record (into *directory*, else the runtime dir)."""
     if directory is None:
-        path = record_path(endpoint.job_id, endpoint.rank)
+        path = rank_file(endpoint.job_id, endpoint.rank)
     else:
         path = directory / f"{endpoint.job_id}.{endpoint.rank}.json"
     private_write(path, endpoint.to_json().encode())

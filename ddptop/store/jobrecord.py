@@ -68,16 +68,6 @@ class JobRecord(msgspec.Struct, kw_only=True):
         """True once the agent closed the record, or died without closing it."""
         return bool(self.end_time) or not pid_alive(self.agent_pid)
 
-    def rank_ended(self, rank: int, pid: int, exit_code: int | None, signal: str, time: float, reason: str,
-                   statuses: dict[int, str]) -> None:
-        """One rank's process ended (its outcome filled in); every ended rank's status word anew."""
-        for outcome in self.ranks:
-            if outcome.rank == rank and outcome.pid == pid:
-                outcome.exit_code, outcome.signal, outcome.time = exit_code, signal, time
-                outcome.reason = reason[:300]
-            if outcome.rank in statuses and outcome.time:
-                outcome.status = statuses[outcome.rank]
-
 
 def jobs_dir(create: bool = False) -> Path:
     """Where job records live: ``$DDPTOP_RECORD_DIR``, else ``<runtime dir>/jobs`` (0700)."""

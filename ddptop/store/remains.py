@@ -89,7 +89,7 @@ def current_thread_stack(text: str, limit: int = STACK_LINES) -> list[str]:
 
 def read_last_state(job_id: str, rank: int) -> RankState | None:
     """The rank's last words, if it wrote any."""
-    data = discovery.private_read(discovery.record_path(job_id, rank, "last"), MAX_LAST_BYTES)
+    data = discovery.private_read(discovery.rank_file(job_id, rank, "last"), MAX_LAST_BYTES)
     if data is None:
         return None
     try:
@@ -110,13 +110,13 @@ def read_final_state(job_id: str, rank: int, pid: int, last_seen: RankState | No
 
 def read_progress_page(job_id: str, rank: int) -> PageFacts | None:
     """The rank's progress page, if it left a whole one."""
-    data = discovery.private_read(discovery.record_path(job_id, rank, "page"), PAGE_BYTES)
+    data = discovery.private_read(discovery.rank_file(job_id, rank, "page"), PAGE_BYTES)
     return read_page(data) if data is not None else None
 
 
 def read_stuck(job_id: str, rank: int) -> StuckReport | None:
     """The node agent's report of where *rank* is stuck, if it wrote one (and it decodes)."""
-    data = discovery.private_read(discovery.record_path(job_id, rank, "stuck"), MAX_STUCK_BYTES)
+    data = discovery.private_read(discovery.rank_file(job_id, rank, "stuck"), MAX_STUCK_BYTES)
     if data is None:
         return None
     try:
