@@ -7,40 +7,64 @@ protocol (:mod:`ddptop.agent.endpoint`): a ``ReporterServer`` with the role "age
 states as ``RecordEntry`` frames, and whose ``stacks`` / ``fr_trace`` answer is every
 rank's part in one :class:`~ddptop.protocol.AgentReply`. Every rank's endpoint names its
 agent's port, so a viewer with ``DDPTOP_VIA=agent`` opens one connection per node (what
-``bench/agent_fanin.py`` measures against one per rank).
+``bench/agent_fanin.py`` measures against one per rank). With ``--agents-only`` these
+endpoints are all there is: n/K listeners instead of n + n/K.
 
-All of it runs on the synthetic job's one ``ServerLoop`` and thread, so 512 agents cost
+All of it runs on the synthetic job's one ``ServerLoop`` and thread, so 4,096 agents cost
 no thread each. The values are the fake ranks' own (:class:`FakeRanks`), so a view
-through the agents must equal the view straight from the ranks.
+through the agents must equal the view straight from the ranks, except that the catch-up
+carries each rank's last :data:`CATCHUP_SAMPLES` samples or fewer (``catchup_samples``: a
+budget for the whole job), not the rank's 600.
+
+The generator calls :meth:`FakeAgents.tick_node` once per node and tick: that is the one
+place where what an agent sends per interval is decided, so another way of sending (one
+frame per node and interval) is a branch there and in ``_handle``, not a new loop.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING
 
 from ddptop import protocol as proto
 from ddptop.net.server import ReporterServer, ServerLoop
-from ddptop.protocol import AgentReply, Event, Message, RecordEntry, Request
+from ddptop.protocol import AgentReply, Event, Message, RecordEntry, Request, Sample
 
 if TYPE_CHECKING:
-    from ddptop.testing.synthetic import FakeRanks
+    from ddptop.testing.synthetic_ranks import FakeRanks
 
 AGENT_OUTPUT_CAP = 16 * 1024 * 1024  # an agent forwards K ranks: more room per viewer than one rank
+# History in the catch-up: at most the diagnosis window (30 s) plus a margin, what a viewer
+# needs to judge rates at once, and at most CATCHUP_BUDGET samples for the whole job (32,768
+# ranks get 4 each: a sample costs the generator 8-20 us, so 40 each would be 10-25 s of CPU
+# before the first viewer is served). Recomputing a rank's 600 samples per attach, as its own
+# server does, would cost minutes; these are kept per rank once computed, so a second viewer
+# (the benches alternate) costs only the ticks since. The stream fills the rest in.
+CATCHUP_SAMPLES = 40
+CATCHUP_BUDGET = 1 << 17
 
 
 class FakeAgents:
-    """One agent endpoint per *per_node* consecutive ranks of *fake*, on *loop*."""
+    """One agent endpoint per node of *fake* (``fake.per_node`` consecutive ranks), on *loop*.
 
-    def __init__(self, fake: FakeRanks, per_node: int, loop: ServerLoop, token: str | None,
-                 ticks: list[int]) -> None:
-        self.fake, self.per_node, self._ticks = fake, per_node, ticks
+    *ticks* is the generator's latest tick per node and *gone* its ranks that stopped for good
+    (both shared, read on the loop's thread only).
+    """
+
+    def __init__(self, fake: FakeRanks, loop: ServerLoop, token: str | None, ticks: list[int],
+                 gone: set[int]) -> None:
+        self.fake, self._ticks, self._gone = fake, ticks, gone
         self.servers: list[ReporterServer] = []
+        self._recent: dict[int, deque[Sample]] = {}  # rank -> its last CATCHUP_SAMPLES samples
+        self._recent_tick: dict[int, int] = {}  # rank -> the tick of the newest one kept
+        self.catchup_samples = max(1, min(CATCHUP_SAMPLES, CATCHUP_BUDGET // fake.n))
         try:
-            for node in range((fake.n + per_node - 1) // per_node):
+            for node in range(fake.n_nodes):
                 self.servers.append(ReporterServer(
-                    "127.0.0.1", 0, token, -1, fake.job_id, partial(self._handle, node), loop=loop,
+                    "127.0.0.1", 0, token, proto.AGENT_HELLO_RANK, fake.job_id,
+                    partial(self._handle, node), loop=loop,
                     max_output=AGENT_OUTPUT_CAP, role="agent"))
         except BaseException:
             self.close()
@@ -48,14 +72,18 @@ class FakeAgents:
 
     def port_of(self, rank: int) -> int:
         """The port of the agent that serves *rank*."""
-        return self.servers[rank // self.per_node].port
+        return self.servers[self.fake.node_of(rank)].port
 
-    def publish(self, rank: int, tick: int) -> None:
-        """Forward *rank*'s state at *tick* to its agent's subscribers (if it has any)."""
-        server = self.servers[rank // self.per_node]
-        if server.subscribers:
-            state = self.fake.state(rank, tick, clients=1)
-            server.broadcast(RecordEntry(time=time.time(), rank=rank, message=proto.StateMsg(state=state)))
+    def tick_node(self, node: int, tick: int) -> None:
+        """*node*'s ranks sampled *tick*: forward their states to its agent's subscribers."""
+        server = self.servers[node]
+        if not server.subscribers:  # nobody listening: build nothing (most of 4,096 agents, most ticks)
+            return
+        now = time.time()
+        for rank in self.fake.node_ranks(node):
+            if rank not in self._gone:
+                state = self.fake.state(rank, tick, clients=1)
+                server.broadcast(RecordEntry(time=now, rank=rank, message=proto.StateMsg(state=state)))
 
     def close(self) -> None:
         """Close every agent's listener and viewers."""
@@ -63,25 +91,35 @@ class FakeAgents:
             server.close()
         self.servers = []
 
-    def _ranks(self, node: int) -> range:
-        return range(node * self.per_node, min(self.fake.n, (node + 1) * self.per_node))
+    def history(self, rank: int, tick: int) -> list[Sample]:
+        """*rank*'s last ``catchup_samples`` samples up to *tick*, computing only those not kept yet."""
+        kept = self._recent.get(rank)
+        if kept is None:
+            kept = self._recent[rank] = deque(maxlen=self.catchup_samples)
+        newest = self._recent_tick.get(rank, -1)
+        for k in range(max(newest + 1, tick - self.catchup_samples + 1, 0), tick + 1):
+            kept.append(self.fake.sample(rank, k))
+        self._recent_tick[rank] = max(newest, tick)
+        return list(kept)
 
     def _handle(self, node: int, request: Request) -> Message:
-        fake, now, ident = self.fake, time.time(), request.id
+        fake, now, ident, command = self.fake, time.time(), request.id, request.command
+        if command not in ("history", "state", "subscribe", "stacks", "fr_trace"):
+            return proto.ErrorMsg(reason=f"unsupported request {command!r}", id=ident)
         entries: list[Event] = []
-        for rank in self._ranks(node) if request.command != "subscribe" else ():
-            tick = self._ticks[rank]
-            message: proto.StateMsg | proto.HistoryMsg | proto.StacksMsg | proto.FrTraceMsg | proto.ErrorMsg
-            if request.command in ("history", "state"):
-                if request.command == "history":
-                    history = proto.HistoryMsg(rank=rank, samples=fake.history(rank, tick))
+        tick = self._ticks[node]
+        for rank in fake.node_ranks(node) if command != "subscribe" else ():
+            if rank in self._gone:
+                continue
+            message: proto.StateMsg | proto.HistoryMsg | proto.StacksMsg | proto.FrTraceMsg
+            if command in ("history", "state"):
+                if command == "history":
+                    history = proto.HistoryMsg(rank=rank, samples=self.history(rank, tick))
                     entries.append(RecordEntry(time=now, rank=rank, message=history))
                 message = proto.StateMsg(state=fake.state(rank, tick, clients=1))
-            elif request.command == "stacks":
+            elif command == "stacks":
                 message = proto.StacksMsg(rank=rank, time=now, threads=fake.stacks(rank, tick), id=ident)
-            elif request.command == "fr_trace":
-                message = proto.FrTraceMsg(rank=rank, time=now, json=fake.fr_json(rank, tick), id=ident)
             else:
-                return proto.ErrorMsg(reason=f"unsupported request {request.command!r}", id=ident)
+                message = proto.FrTraceMsg(rank=rank, time=now, json=fake.fr_json(rank, tick), id=ident)
             entries.append(RecordEntry(time=now, rank=rank, message=message))
         return AgentReply(time=now, entries=entries, id=ident)

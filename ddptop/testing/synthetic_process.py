@@ -38,6 +38,19 @@ def ensure_fd_limit(needed: int) -> int:
     return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
+def fds_needed(n_ranks: int, ranks_per_agent: int = 0, rank_servers: bool = True, viewers: int = 0) -> int:
+    """Open files a synthetic job needs: per listener itself and one outside viewer's accepted
+    connection, plus two per viewer in this process (its accepted connection and its own end).
+
+    Listeners are one per rank (unless agents only) and one per node agent (n/K). At 32,768
+    ranks behind agents of 8: 4,096 listeners, 8,256 fds with one outside viewer, against
+    73,792 with every rank's own listener too; the hard limit here is 20,000.
+    """
+    agents = (n_ranks + ranks_per_agent - 1) // ranks_per_agent if ranks_per_agent > 0 else 0
+    listeners = (n_ranks if rank_servers else 0) + agents
+    return listeners * (2 + 2 * viewers) + 64
+
+
 class SyntheticProcess:
     """A generator running in its own process group; :meth:`stop` kills the whole group."""
 
@@ -114,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lost-after", type=float, default=3.0, help="lost: seconds until a rank vanishes")
     parser.add_argument("--ranks-per-agent", type=int, default=0,
                         help="also serve the ranks through one node agent per N ranks (0: no agents)")
+    parser.add_argument("--agents-only", action="store_true",
+                        help="only the node agents listen (viewers need DDPTOP_VIA=agent); "
+                             "--ranks-per-agent defaults to 8")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="ddptop-synthetic: %(message)s")
     stop = threading.Event()
@@ -122,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     job = SyntheticJob(args.ranks, args.job_id, args.scenario, args.interval, seed=args.seed,
                        fake_gpu=args.fake_gpu, steps_per_s=args.steps_per_s, desync_after_s=args.desync_after,
                        lost_after_s=args.lost_after, token=os.environ.get("DDPTOP_TOKEN") or None, viewers=0,
-                       ranks_per_agent=args.ranks_per_agent)
+                       ranks_per_agent=args.ranks_per_agent or (8 if args.agents_only else 0),
+                       rank_servers=not args.agents_only)
     try:
         job.start()
         ports = [e.port for e in job.endpoints]

@@ -1,0 +1,137 @@
+"""The synthetic job's node agents: agents only (no socket per rank) up to 16,384 ranks.
+
+Real sockets, real clients: the viewer reaches the ranks through the fake agents with
+``DDPTOP_VIA=agent``, as a multi-node job is watched. Every wait is bounded and polls its
+condition; every generator is stopped in a fixture (a subprocess generator runs in its own
+process group, which the fixture kills).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import resolve
+from ddptop.client.watch import live_snapshot
+from ddptop.errors import UsageError
+from ddptop.model.job import JobModel
+from ddptop.protocol import Event
+from ddptop.testing.synthetic import (
+    SyntheticJob,
+    SyntheticProcess,
+    ensure_fd_limit,
+    fds_needed,
+    run_in_subprocess,
+)
+from tests.jobs import wait_until
+
+HARD_LIMIT_HERE = 20_000  # `ulimit -Hn` of the machines this project runs on
+
+
+@pytest.fixture
+def via_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDPTOP_VIA", "agent")
+
+
+@pytest.fixture
+def generators() -> Iterator[list[SyntheticProcess]]:
+    started: list[SyntheticProcess] = []
+    try:
+        yield started
+    finally:
+        for gen in started:
+            gen.stop()
+
+
+class Watched:
+    """A LiveSource folding into a JobModel under a lock, as the dashboard does."""
+
+    def __init__(self, job_id: str) -> None:
+        self.model, self.lock = JobModel(), threading.Lock()
+        self.source = LiveSource(resolve(job_id), connect_timeout=5.0)
+
+    def emit(self, event: Event) -> None:
+        with self.lock:
+            self.model.apply(event)
+
+    def read(self, fn: Callable[[JobModel], object]) -> object:
+        with self.lock:
+            return fn(self.model)
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[[str], Watched]]:
+    started: list[Watched] = []
+
+    def start(job_id: str) -> Watched:
+        w = Watched(job_id)
+        started.append(w)
+        w.source.start(w.emit)
+        return w
+
+    try:
+        yield start
+    finally:
+        for w in started:
+            w.source.stop()
+
+
+def test_fd_math_fits_32768_ranks_only_behind_agents() -> None:
+    # One listener per node agent of 8, plus one outside viewer's connection each.
+    assert fds_needed(32768, 8, rank_servers=False) == 4096 * 2 + 64
+    assert fds_needed(32768, 8, rank_servers=False, viewers=1) == 4096 * 4 + 64 < HARD_LIMIT_HERE
+    assert fds_needed(32768, 8, rank_servers=True) > HARD_LIMIT_HERE
+    assert fds_needed(1024) == 1024 * 2 + 64
+    with pytest.raises(UsageError, match="ranks per agent"):
+        SyntheticJob(16, "x", rank_servers=False)
+
+
+def test_agents_only_in_process_serves_every_rank_through_its_agent(
+        runtime_dir: Path, via_agent: None, watch: Callable[[str], Watched]) -> None:
+    with SyntheticJob(64, "ao64", interval_s=0.2, runtime_dir=runtime_dir, ranks_per_agent=8,
+                      rank_servers=False, steps_per_s=5.0) as job:
+        assert job.agents is not None and len(job.agents.servers) == 8
+        assert all(e.port == e.agent_port != 0 for e in job.endpoints)
+        assert len({e.agent_port for e in job.endpoints}) == 8
+        w = watch("ao64")
+        assert w.source.connections == 8  # one per node, none per rank
+        wait_until(lambda: w.read(lambda m: sum(v.state is not None for v in m.ranks.values())) == 64, 20,
+                   "a state of every rank through the agents")
+        first = w.read(lambda m: {r: v.state.step for r, v in m.ranks.items() if v.state})
+        assert isinstance(first, dict)
+        wait_until(lambda: w.read(lambda m: all(v.state is not None and v.state.step > first[r]
+                                                for r, v in m.ranks.items())) is True,
+                   20, "every rank's step to move in the agents' stream")
+        hosts = w.read(lambda m: {v.state.host for v in m.ranks.values() if v.state})
+        assert hosts == {f"synth{i:04d}" for i in range(8)}
+        assert all(len(w.model.ranks[r].history) >= 2 for r in range(64))
+        stacks = w.source.request_stacks(timeout=10)
+        assert not stacks.errors and len(stacks.stacks) == 64
+
+
+@pytest.mark.slow
+def test_16384_ranks_agents_only_fit_the_fd_limit_and_every_rank_is_seen(
+        runtime_dir: Path, via_agent: None, generators: list[SyntheticProcess]) -> None:
+    n, agents = 16384, 16384 // 8
+    ensure_fd_limit(agents + 256)  # this viewer: one socket per agent
+    gen = run_in_subprocess(n, "ao16k", "healthy", 1.0, runtime_dir, extra_args=("--agents-only",),
+                            ready_timeout=240)
+    generators.append(gen)
+    assert gen.banner.startswith(f"ready: job ao16k, {n} ranks")
+    # Listeners only for the agents: far below one per rank (and below fds_needed's bound).
+    open_fds = len(os.listdir(f"/proc/{gen.pid}/fd"))
+    assert agents <= open_fds < fds_needed(n, 8, rank_servers=False), open_fds
+    assert len(list(runtime_dir.glob("ao16k.*.json"))) == n
+    target = resolve("ao16k")
+    assert target.world_size == n and target.via_agents
+    began = time.monotonic()
+    snap = live_snapshot(target, None, 120)
+    assert sorted(s.rank for s in snap.ranks) == list(range(n)), f"{len(snap.ranks)} of {n}"
+    assert not snap.job.unreachable
+    assert time.monotonic() - began < 120
