@@ -50,9 +50,12 @@ MAX_SHORT_TEXT = 256  # commands, nonces, proofs
 # can change the training process.
 # "news" is the node agents' exchange: only how ranks ended and where they are stuck, plus a
 # beat of the agent itself (see ddptop.agent.exchange).
+# "digest" is a viewer asking a node agent for its compact lane (:class:`NodeDigest`, see
+# ddptop.digest): only a server whose Hello listed it in ``features`` honours it.
 COMMANDS: frozenset[str] = frozenset(
-    ("state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe", "news")
+    ("state", "history", "stacks", "fr_trace", "subscribe", "unsubscribe", "news", "digest")
 )
+DIGEST_FEATURE = "digest"  # in Hello.features: this agent serves the "digest" command
 
 
 class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
@@ -64,6 +67,11 @@ class Hello(msgspec.Struct, gc=False, tag="hello", kw_only=True):
     auth_required: bool = False
     rank: int | None = None
     job_id: str = ""
+    # What this server offers beyond what every peer of this protocol version serves (a
+    # node agent lists DIGEST_FEATURE). Older peers ignore the field: a viewer asks for a
+    # feature only where it is listed, so an older server is never sent what it cannot parse.
+    features: Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)]],
+                        msgspec.Meta(max_length=64)] = []
 
 
 # "No rank" where the wire carries an int: named once here, the value kept for old peers.
@@ -97,6 +105,10 @@ class Request(msgspec.Struct, gc=False, tag="request", kw_only=True):
     command: Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT)]
     id: int = 0
     # (An interval_s field was sent by older viewers and never read: msgspec ignores it.)
+    # "state" / "history" / "digest" of a node agent: only these ranks (empty: every one it
+    # serves). Detail on demand for one opened rank; an older server ignores it and answers
+    # for all its ranks, which is only larger.
+    ranks: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []
 
 
 class StateMsg(msgspec.Struct, gc=False, tag="state", kw_only=True):
@@ -221,6 +233,54 @@ class AgentBeat(msgspec.Struct, gc=False, tag="agent_beat", kw_only=True):
     ending: bool = False
 
 
+class Pulse(msgspec.Struct, gc=False, array_like=True):
+    """One rank's moving numbers at one sample, as a node agent's digest carries them: the
+    fields :data:`ddptop.digest.PULSE_FIELDS` names. Applied to the rank's last detail (the
+    full state numbered ``detail_no``) by :func:`ddptop.digest.merged`, it gives that sample's
+    state exactly on every field a rule or a table column reads. array_like: about 100 bytes
+    against a state frame's 1,300 (a digest carries one per rank per sample)."""
+
+    rank: int
+    heard_ago: float  # seconds before NodeDigest.time the agent received the state
+    sample: Sample  # the history point, appended as is to the viewer's ring
+    seqs: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []  # collectives[i].seq
+    seq_changed_at: Annotated[list[float], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    last_step_at: float = 0.0
+    gpu_mem_used_bytes: int | None = None
+    shm_used_bytes: int | None = None
+    load1: float | None = None  # load_avg[0]
+    # every pending op's age_s, group by group in the detail's order (the ops are the detail's)
+    pending_ages: Annotated[list[float], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    # group "0"'s enqueue milestones newer than the last pulse's, and how many the rank keeps
+    enqueued: Annotated[list[tuple[int, float]], msgspec.Meta(max_length=MAX_ITEMS)] = []
+    enqueue_kept: int = 0
+    detail_no: int = 0  # which detail of this rank the pulse applies to (a gap: ask "state")
+
+
+class NodeSummary(msgspec.Struct, gc=False, kw_only=True):
+    """A node agent's ranks at one digest: membership and liveness, counted by the agent."""
+
+    host: str
+    ranks: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []  # every rank it serves
+    silent: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []  # not heard (status.silent_after_s)
+    status_counts: Annotated[dict[str, int], msgspec.Meta(max_length=64)] = {}  # by each rank's own word
+    dropped: int = 0  # events the agent's endpoint dropped so far (its queue overflowed)
+
+
+class NodeDigest(msgspec.Struct, gc=False, tag="node_digest", kw_only=True):
+    """One node, one interval, to a viewer that asked "digest" (never to any other peer: an
+    older viewer would not know the tag): the summary, every pulse, and the full state of
+    each rank whose detail key (:func:`ddptop.digest.detail_key`) changed."""
+
+    time: float  # agent wall clock at sending (the viewer shifts by its own clock's difference)
+    no: int  # digest counter of this connection's lane (a gap: one was dropped, resync)
+    summary: NodeSummary
+    # in the order they changed
+    details: Annotated[list[RankState], msgspec.Meta(max_length=MAX_ITEMS * 4)] = []
+    detail_nos: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS * 4)] = []  # each detail's number
+    pulses: Annotated[list[Pulse], msgspec.Meta(max_length=MAX_ITEMS * 16)] = []  # oldest first
+
+
 Message = (
     Hello
     | AuthProof
@@ -236,12 +296,14 @@ Message = (
     | RankExit
     | AgentReply
     | AgentBeat
+    | NodeDigest
 )
 
 # The wire vocabulary is one namespace: a rank's state (ddptop.rank_state) is re-exported.
 __all__ = [
     "AGENT_HELLO_RANK",
     "COMMANDS",
+    "DIGEST_FEATURE",
     "ENQUEUE_STRIDE",
     "EVENT_TYPES",
     "MAX_DIMS",
@@ -265,8 +327,11 @@ __all__ = [
     "HistoryMsg",
     "LoaderInfo",
     "Message",
+    "NodeDigest",
+    "NodeSummary",
     "ParamFingerprint",
     "PendingOp",
+    "Pulse",
     "RankExit",
     "RankState",
     "RecordEntry",
