@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # Two cores: two pytest workers keep torchrun jobs from starving each other.
 WORKERS ?= 2
 
-.PHONY: venv demo test lint typecheck contracts unit bench screenshots clean sysdeps
+.PHONY: venv demo test lint typecheck contracts unit bench mutation screenshots clean sysdeps
 
 # Services some tests start for real (a one-node SLURM cluster: tests/slurm.py), installed
 # from Debian's packages where this runs as root with apt; elsewhere those tests skip and
@@ -50,6 +50,14 @@ test: $(STAMP) lint typecheck contracts sysdeps
 
 bench: $(STAMP)
 	$(BIN)/python bench/reporter_overhead.py
+
+# Mutation testing of ddptop/diagnosis (bench/mutation.py): one worker, one mutant in
+# MUTATION_SAMPLE (the same ones each run), a wall-clock budget.
+MUTATION_BUDGET ?= 900
+MUTATION_SAMPLE ?= 6
+mutation: $(STAMP)
+	test -x $(BIN)/mutmut || $(BIN)/python -m pip install -q -e ".[mutation]"
+	$(BIN)/python bench/mutation.py --sample $(MUTATION_SAMPLE) --budget-s $(MUTATION_BUDGET) --survivors
 
 screenshots: $(STAMP)
 	$(BIN)/python screenshots/generate.py

@@ -61,3 +61,63 @@ def test_lateness_median_is_robust_to_one_slow_collective() -> None:
 def test_healthy_has_no_lateness_finding() -> None:
     s, h = healthy()
     assert "straggler" not in kinds(diagnose(s, h, NOW))
+
+
+# Each test below kills mutants of ddptop/diagnosis/lateness.py that survived
+# bench/mutation.py (named in the docstring by mutmut's number for entry_lateness).
+
+
+def test_lateness_compares_only_the_ranks_asked_for_wherever_they_sit() -> None:
+    """Rank 0 (first in the snapshot) is not asked for: the others are still compared (#4:
+    `continue` -> `break`)."""
+    s, _ = with_times(4, slow=2)
+    late = entry_lateness(s, {1, 2, 3})
+    assert sorted(late) == [1, 2, 3]
+    assert 0.14 < late[2].median_s < 0.16 and late[1].median_s < 0.01
+
+
+def test_a_rank_without_milestones_or_without_the_group_is_left_out() -> None:
+    """Ranks that reported no enqueue times, or not this group at all, leave the others
+    comparable (#10: `and` -> `or` takes an empty or missing group as a rank's times)."""
+    s, _ = with_times(4, slow=2)
+    s.ranks[1].collectives[0].enqueue_times = []
+    s.ranks[3].collectives = []
+    late = entry_lateness(s, {0, 1, 2, 3})
+    assert sorted(late) == [0, 2]
+    assert 0.14 < late[2].median_s < 0.16
+
+
+def test_two_ranks_are_enough_to_compare() -> None:
+    """A two-rank job has a straggler to name (#14, #15: `< 2` -> `<= 2`, `< 3`)."""
+    s, h = with_times(2, slow=1)
+    late = entry_lateness(s, {0, 1})
+    assert sorted(late) == [0, 1] and 0.14 < late[1].median_s < 0.16
+    assert only(diagnose(s, h, NOW), "straggler").ranks == [1]
+
+
+def test_exactly_the_minimum_of_common_milestones_is_enough() -> None:
+    """MIN_COMMON_SEQS common milestones are compared, one fewer are not (#18: `<` -> `<=`)."""
+    from ddptop.diagnosis.lateness import MIN_COMMON_SEQS
+
+    s, _ = with_times(2, slow=1)
+    g = s.ranks[0].collectives[0]
+    full = list(g.enqueue_times)
+    g.enqueue_times = full[:MIN_COMMON_SEQS]
+    assert entry_lateness(s, {0, 1})[1].collectives == MIN_COMMON_SEQS
+    g.enqueue_times = full[:MIN_COMMON_SEQS - 1]
+    assert entry_lateness(s, {0, 1}) == {}
+
+
+def test_lateness_names_the_seq_range_it_is_over() -> None:
+    """The first and last common milestone, in the result and in the straggler's evidence
+    (#28, #29, #35, #36, #37: `seqs[0]`/`seqs[-1]` -> None, `seqs[1]`, `seqs[+1]`, `seqs[-2]`).
+    Rank 0 reported milestones 16-320 only, so the common range is 16-320."""
+    s, h = with_times(4, slow=2)
+    g = s.ranks[0].collectives[0]
+    g.enqueue_times = g.enqueue_times[1:]
+    late = entry_lateness(s, {0, 1, 2, 3})
+    assert {(x.first_seq, x.last_seq, x.collectives) for x in late.values()} == {
+        (2 * ENQUEUE_STRIDE, 40 * ENQUEUE_STRIDE, 39)}
+    f = only(diagnose(s, h, NOW), "straggler")
+    assert any(f"(median over 39 collectives, seq {2 * ENQUEUE_STRIDE}-{40 * ENQUEUE_STRIDE})" in e
+               for e in f.evidence), f.evidence

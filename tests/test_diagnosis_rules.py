@@ -485,3 +485,38 @@ def test_recent_samples_while_another_thread_appends() -> None:
         stop.set()
         thread.join(timeout=5)
         sys.setswitchinterval(old)
+
+
+# ------------------------------------------------------------------ what bench/mutation.py found
+# Each test kills mutants of ddptop/diagnosis/rules_progress.py that survived mutmut (numbers
+# are mutmut's, per function): the findings were right, but no test read these parts.
+
+
+def test_unequal_batches_says_numpy_differs_only_when_it_does() -> None:
+    """The numpy note counts the distinct states, and is absent when every rank's numpy state
+    is alike (_numpy_rng_note #3, #5, #6: `>` -> `>=`, the count -> None, "" -> "XXXX")."""
+    alike = [rank(0, 3), rank(1, 3, batches_per_epoch=9), rank(2, 3)]
+    f = only(diagnose(snap(alike), {}, NOW), "unequal_batches")
+    assert [e.split(":")[0] for e in f.evidence] == ["batches per epoch"]
+    differ = [rank(r, 3, batches_per_epoch=9 if r == 1 else 1250,
+                   rng_fingerprint=RngFingerprint(epoch=1, torch="t", numpy="ab"[r % 2])) for r in range(3)]
+    f = only(diagnose(snap(differ), {}, NOW), "unequal_batches")
+    assert "numpy RNG state differs across ranks (2 distinct): numpy was not seeded alike" in f.evidence
+
+
+def test_straggler_remedy_points_at_data_loading_or_at_the_host() -> None:
+    """A straggler waiting for data (its last share over 30%) is told about its loader; another
+    about its host (_straggler_remedy #1-#6: `and` -> `or`, `>` -> `>=`, 0.3 -> 1.3, the texts)."""
+    s, h = healthy()
+    s = snap([rank(r, data_wait_fraction=0.45 if r == 1 else 0.05) for r in range(4)])
+    h[1] = samples(wait=0.45, ready=1)
+    f = only(diagnose(s, h, NOW), "straggler")
+    assert f.remedy.startswith("rank 1 is slow to load data on node-0: check that host's CPU load and disk")
+    assert "(num_workers now 2)" in f.remedy
+    for wait in (0.3, None):
+        s = snap([rank(r, data_wait_fraction=wait if r == 2 else 0.05) for r in range(4)])
+        h = {r: samples(step_time=0.5 if r == 2 else 0.2) for r in range(4)}
+        f = only(diagnose(s, h, NOW), "straggler")
+        assert f.remedy.startswith("check rank 2's host node-0 (CPU/GPU load"), (wait, f.remedy)
+        assert f.remedy.endswith("and whether its batches are larger (sort or bucket by length alike on "
+                                 "every rank)"), f.remedy
