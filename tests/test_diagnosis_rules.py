@@ -520,3 +520,8 @@ def test_straggler_remedy_points_at_data_loading_or_at_the_host() -> None:
         assert f.remedy.startswith("check rank 2's host node-0 (CPU/GPU load"), (wait, f.remedy)
         assert f.remedy.endswith("and whether its batches are larger (sort or bucket by length alike on "
                                  "every rank)"), f.remedy
+    # Waiting for data over the window, whatever its latest sample says: the loader's advice.
+    s = snap([rank(r, data_wait_fraction=0.05) for r in range(4)])
+    h = {r: samples(wait=0.45 if r == 3 else 0.05, ready=1) for r in range(4)}
+    f = only(diagnose(s, h, NOW), "straggler")
+    assert f.remedy.startswith("rank 3 is slow to load data on node-0"), f.remedy

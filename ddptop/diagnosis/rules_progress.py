@@ -169,14 +169,17 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
         out.append(Finding(
             kind="straggler", severity="warning", ranks=[rank],
             title=f"rank {rank} is the straggler: every other rank waits for it in each all-reduce",
-            evidence=why, remedy=_straggler_remedy(state),
+            evidence=why, remedy=_straggler_remedy(state, wait),
         ))
     # Several "stragglers" at once are not one slow rank: keep the finding only when it is few.
     return out if len(out) <= max(1, max(len(stats), len(late)) // 4) else []
 
 
-def _straggler_remedy(state: RankState) -> str:
-    if state.data_wait_fraction is not None and state.data_wait_fraction > 0.3:
+def _straggler_remedy(state: RankState, window_wait: float | None) -> str:
+    # The advice follows the evidence: the share of time waiting for data over the window
+    # (one sample's share, the rank's latest, can be anything); the latest only without one.
+    wait = window_wait if window_wait is not None else state.data_wait_fraction
+    if wait is not None and wait > 0.3:
         return (f"rank {state.rank} is slow to load data on {state.host}: check that host's CPU load and "
                 f"disk, keep num_workers x local ranks <= cores (num_workers now {state.loader_workers})")
     return (f"check rank {state.rank}'s host {state.host} (CPU/GPU load, thermal throttling, other jobs) "
