@@ -9,6 +9,7 @@ process group, which the fixture kills).
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +20,11 @@ import pytest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.client.watch import live_snapshot
+from ddptop.diagnosis import findings_for_model
+from ddptop.diagnosis.finding import Finding
 from ddptop.errors import UsageError
-from ddptop.model.job import JobModel
-from ddptop.protocol import Event
+from ddptop.model.job import STALE, JobModel
+from ddptop.protocol import Event, StuckReport
 from ddptop.testing.synthetic import (
     SyntheticJob,
     SyntheticProcess,
@@ -132,6 +135,66 @@ def test_16384_ranks_agents_only_fit_the_fd_limit_and_every_rank_is_seen(
     assert target.world_size == n and target.via_agents
     began = time.monotonic()
     snap = live_snapshot(target, None, 120)
-    assert sorted(s.rank for s in snap.ranks) == list(range(n)), f"{len(snap.ranks)} of {n}"
+    why = dict(list(snap.job.unreachable.items())[:5])
+    assert sorted(s.rank for s in snap.ranks) == list(range(n)), f"{len(snap.ranks)} of {n}: {why}"
     assert not snap.job.unreachable
     assert time.monotonic() - began < 120
+
+
+def _findings(w: Watched, kind: str) -> list[Finding]:
+    now = time.time()
+    found = w.read(lambda m: [f for f in findings_for_model(m, now) if f.kind == kind])
+    assert isinstance(found, list)
+    return found
+
+
+def test_hang_names_the_rank_that_never_entered_the_collective(
+        runtime_dir: Path, via_agent: None, generators: list[SyntheticProcess],
+        watch: Callable[[str], Watched]) -> None:
+    gen = run_in_subprocess(16, "hang", "hang", 0.2, runtime_dir, seed=5, ready_timeout=60,
+                            extra_args=("--agents-only", "--ranks-per-agent", "4", "--desync-after", "1"))
+    generators.append(gen)
+    banner = re.search(r"odd rank (\d+), event at ([\d.]+)", gen.banner)
+    assert banner, gen.banner
+    odd, event_at = int(banner[1]), float(banner[2])
+    assert odd != 0 and abs(event_at - time.time()) < 60
+    w = watch("hang")
+
+    def named() -> bool:
+        return any(f.ranks == [odd] for f in _findings(w, "collective_stall"))
+
+    wait_until(named, 40, f"a collective_stall naming rank {odd}")
+    stall = next(f for f in _findings(w, "collective_stall") if f.ranks == [odd])
+    assert f"rank {odd} never entered it" in " ".join(stall.evidence), stall.evidence
+    assert "all_reduce #" in stall.title and stall.title.endswith(f"rank {odd} never entered it")
+    states = w.read(lambda m: {r: v.state for r, v in m.ranks.items()})
+    assert isinstance(states, dict) and len(states) == 16
+    top = states[0].collectives[0].seq
+    assert states[odd].collectives[0].seq == top - 1 and not states[odd].collectives[0].pending
+    assert all(s.collectives[0].pending[0].seq == top for r, s in states.items() if r != odd)
+
+
+def test_silent_rank_goes_stale_and_its_agent_says_where_it_is_stuck(
+        runtime_dir: Path, via_agent: None, watch: Callable[[str], Watched]) -> None:
+    with SyntheticJob(16, "silent", "silent", interval_s=0.2, runtime_dir=runtime_dir, desync_after_s=1.0,
+                      seed=2, ranks_per_agent=4, rank_servers=False) as job:
+        odd, event_at = job.odd_rank, job.event_at
+        assert odd != 0 and event_at is not None
+        w = watch("silent")
+        wait_until(lambda: w.read(lambda m: m.view(odd).status(time.time())) == STALE, 30,
+                   f"rank {odd} stale")
+        wait_until(lambda: any(f.ranks == [odd] for f in _findings(w, "rank_unresponsive")), 20,
+                   f"a rank_unresponsive finding naming rank {odd}")
+        finding = next(f for f in _findings(w, "rank_unresponsive") if f.ranks == [odd])
+        assert finding.title.startswith(f"rank {odd} has not answered for")
+        assert "fused_attention" in finding.title
+        statuses = w.read(lambda m: m.statuses(time.time()))
+        assert isinstance(statuses, dict)
+        assert [r for r, s in statuses.items() if s != "running"] == [odd]
+        stuck = w.read(lambda m: m.ranks[odd].stuck)
+        assert isinstance(stuck, StuckReport) and stuck.since < event_at <= stuck.time
+        # A viewer that attaches after the silence gets the stuck report in the agents' catch-up.
+        late = watch("silent")
+        wait_until(lambda: late.read(lambda m: m.ranks.get(odd) is not None
+                                     and m.ranks[odd].current_stuck() is not None) is True,
+                   20, "the stuck report in a late viewer's catch-up")

@@ -9,10 +9,14 @@ The values are :class:`~ddptop.testing.synthetic_ranks.FakeRanks`' (pure in seed
 Scenarios: ``healthy``; ``desync`` (one rank has another batches_per_epoch and, after
 ``desync_after_s``, sits in an all_gather while its peers wait in all_reduce at the same
 seq); ``stall`` (every rank pending in the first collective); ``lost`` (one rank's
-listener closes after ``lost_after_s``). With ``ranks_per_agent`` (``--ranks-per-agent``)
-node agents serve the ranks too, one endpoint per K ranks (:mod:`.synthetic_agents`); with
-``rank_servers=False`` (``--agents-only``) only the agents listen, which is how a job of
-32,768 ranks fits under a 20,000-file limit (a viewer then needs ``DDPTOP_VIA=agent``).
+listener closes after ``lost_after_s``); ``hang`` (after ``desync_after_s`` the odd rank's
+seq stays one short, with no pending op, while every other rank waits in all_reduce at the
+next seq); ``silent`` (after ``desync_after_s`` the odd rank's states stop, and its node agent,
+if there are agents, reports where it is stuck once it has been silent). With
+``ranks_per_agent`` (``--ranks-per-agent``) node agents serve the ranks too, one endpoint
+per K ranks (:mod:`.synthetic_agents`); with ``rank_servers=False`` (``--agents-only``)
+only the agents listen, which is how a job of 32,768 ranks fits under a 20,000-file limit
+(a viewer then needs ``DDPTOP_VIA=agent``).
 """
 
 from __future__ import annotations
@@ -88,6 +92,13 @@ class SyntheticJob:
         return self.fake.odd_rank
 
     @property
+    def event_at(self) -> float | None:
+        """Wall-clock time of the scenario's event (the hang, the silence, the loss...), if any."""
+        assert self.fake is not None, "start() first"
+        return self.fake.t0 + self.lost_after_s if self.scenario == "lost" else self.fake.freeze_at \
+            if self.scenario == "stall" else self.fake.event_at
+
+    @property
     def runtime_dir(self) -> Path:
         """Where the discovery records go."""
         return self._dir if self._dir is not None else discovery.runtime_dir()
@@ -156,7 +167,7 @@ class SyntheticJob:
     def _handle(self, rank: int, request: Request) -> Message:
         fake, ident, command = self.fake, request.id, request.command
         assert fake is not None
-        tick = self._ticks[fake.node_of(rank)]
+        tick = fake.heard_tick(rank, self._ticks[fake.node_of(rank)])  # silent: answers what it last said
         if command in ("state", "subscribe"):
             server = self._servers.get(rank)
             return proto.StateMsg(state=fake.state(rank, tick, server.subscribers if server else 0), id=ident)
@@ -202,7 +213,7 @@ class SyntheticJob:
         assert self.fake is not None
         for rank in self.fake.node_ranks(node):
             server = self._servers.get(rank)
-            if server is not None and server.subscribers:
+            if server is not None and server.subscribers and self.fake.heard_tick(rank, tick) == tick:
                 server.broadcast(proto.StateMsg(state=self.fake.state(rank, tick, server.subscribers)))
 
 

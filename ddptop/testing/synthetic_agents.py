@@ -59,6 +59,7 @@ class FakeAgents:
         self.servers: list[ReporterServer] = []
         self._recent: dict[int, deque[Sample]] = {}  # rank -> its last CATCHUP_SAMPLES samples
         self._recent_tick: dict[int, int] = {}  # rank -> the tick of the newest one kept
+        self._stuck_sent: set[int] = set()  # silent ranks whose stuck report went to subscribers
         self.catchup_samples = max(1, min(CATCHUP_SAMPLES, CATCHUP_BUDGET // fake.n))
         try:
             for node in range(fake.n_nodes):
@@ -81,9 +82,17 @@ class FakeAgents:
             return
         now = time.time()
         for rank in self.fake.node_ranks(node):
-            if rank not in self._gone:
+            if rank in self._gone:
+                continue
+            if self.fake.heard_tick(rank, tick) == tick:
                 state = self.fake.state(rank, tick, clients=1)
                 server.broadcast(RecordEntry(time=now, rank=rank, message=proto.StateMsg(state=state)))
+            elif rank not in self._stuck_sent and (report := self.fake.stuck_report(rank, now)) is not None:
+                # What a real agent does once a rank is silent (agent/stuck.py): read it from
+                # outside and tell its viewers where it is stuck, as stacks.
+                self._stuck_sent.add(rank)
+                stacks = proto.StacksMsg.of_stuck(report)
+                server.broadcast(RecordEntry(time=report.time, rank=rank, message=stacks))
 
     def close(self) -> None:
         """Close every agent's listener and viewers."""
@@ -111,15 +120,23 @@ class FakeAgents:
         for rank in fake.node_ranks(node) if command != "subscribe" else ():
             if rank in self._gone:
                 continue
-            message: proto.StateMsg | proto.HistoryMsg | proto.StacksMsg | proto.FrTraceMsg
+            heard = fake.heard_tick(rank, tick)  # a silent rank: its last state, heard back then
+            at = fake.due(rank, heard) if heard != tick else now
+            stuck = fake.stuck_report(rank, now)
+            message: proto.StateMsg | proto.HistoryMsg | proto.StacksMsg | proto.FrTraceMsg | proto.ErrorMsg
             if command in ("history", "state"):
                 if command == "history":
-                    history = proto.HistoryMsg(rank=rank, samples=self.history(rank, tick))
-                    entries.append(RecordEntry(time=now, rank=rank, message=history))
-                message = proto.StateMsg(state=fake.state(rank, tick, clients=1))
+                    history = proto.HistoryMsg(rank=rank, samples=self.history(rank, heard))
+                    entries.append(RecordEntry(time=at, rank=rank, message=history))
+                message = proto.StateMsg(state=fake.state(rank, heard, clients=1))
+                if stuck is not None:  # the catch-up carries where it is stuck, as agent/serving.py's
+                    entries.append(RecordEntry(time=at, rank=rank, message=message))
+                    at, message = stuck.time, proto.StacksMsg.of_stuck(stuck)
+            elif heard != tick:  # it does not answer: where it is stuck, else why not (agent/serving.py)
+                message = proto.StacksMsg.of_stuck(stuck) if stuck else proto.ErrorMsg(reason="no answer")
             elif command == "stacks":
                 message = proto.StacksMsg(rank=rank, time=now, threads=fake.stacks(rank, tick), id=ident)
             else:
                 message = proto.FrTraceMsg(rank=rank, time=now, json=fake.fr_json(rank, tick), id=ident)
-            entries.append(RecordEntry(time=now, rank=rank, message=message))
+            entries.append(RecordEntry(time=at, rank=rank, message=message))
         return AgentReply(time=now, entries=entries, id=ident)

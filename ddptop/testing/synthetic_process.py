@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-gpu", action="store_true", help="report a fake NVIDIA GPU per rank (nccl)")
     parser.add_argument("--steps-per-s", type=float, default=2.0)
-    parser.add_argument("--desync-after", type=float, default=3.0, help="desync: seconds until the hang")
+    parser.add_argument("--desync-after", type=float, default=3.0,
+                        help="desync, hang, silent: seconds until the event")
     parser.add_argument("--lost-after", type=float, default=3.0, help="lost: seconds until a rank vanishes")
     parser.add_argument("--ranks-per-agent", type=int, default=0,
                         help="also serve the ranks through one node agent per N ranks (0: no agents)")
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job.start()
         ports = [e.port for e in job.endpoints]
-        print(f"ready: job {args.job_id}, {args.ranks} ranks ({args.scenario}, odd rank {job.odd_rank}) on "
+        event = f", event at {job.event_at:.3f}" if job.event_at is not None else ""
+        odd = f"odd rank {job.odd_rank}{event}"
+        print(f"ready: job {args.job_id}, {args.ranks} ranks ({args.scenario}, {odd}) on "
               f"127.0.0.1 ports {min(ports)}-{max(ports)}, records in {job.runtime_dir}", flush=True)
         stop.wait(args.seconds if args.seconds > 0 else None)
     except DdptopError as exc:

@@ -14,16 +14,24 @@ cost a Python loop of their own).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
 from ddptop import protocol as proto
 from ddptop._version import __version__
-from ddptop.protocol import RankState, Sample
+from ddptop.protocol import RankState, Sample, StuckReport
+from ddptop.status import silent_after_s
 
 __all__ = ["BUCKETS", "HISTORY_LEN", "SCENARIOS", "FakeRanks"]
 
-SCENARIOS = ("healthy", "desync", "stall", "lost")
+# Scenarios with an event at t0 + desync_after_s: desync and hang freeze the job there, silent
+# stops the odd rank's states there (stall freezes it from the start, lost is the generator's).
+EVENT_SCENARIOS = ("desync", "hang", "silent")
+OUTSIDE_READ_S = 0.5  # how long the fake agent's read from outside takes once the rank is silent
+_STUCK_IN = [("/workspace/ops.py", 12, "fused_attention")]  # below model.forward: a custom op
+
+SCENARIOS = ("healthy", "desync", "stall", "lost", "hang", "silent")
 HISTORY_LEN = 600  # samples a rank keeps, like the reporter's ring
 BUCKETS = 3  # DDP all_reduce buckets per step: seq advances this much per step
 BATCHES_PER_EPOCH = 240
@@ -73,10 +81,11 @@ class FakeRanks:
         self.per_node = max(1, per_node)
         self.n_nodes = (n_ranks + self.per_node - 1) // self.per_node
         self.seed, self.fake_gpu, self.rate = seed, fake_gpu, steps_per_s
-        # The rank that misbehaves in desync / lost: never rank 0, chosen by the seed.
+        # The rank that misbehaves in desync / lost / hang / silent: never rank 0, chosen by the seed.
         self.odd_rank = 1 + int(_noise(seed, 0, 0, 99) * (n_ranks - 1)) if n_ranks > 1 else 0
-        self.freeze_at = {"desync": t0 + desync_after_s, "stall": t0}.get(scenario)
-        self.frozen_steps = int(desync_after_s * steps_per_s) if scenario == "desync" else 0
+        self.event_at = t0 + desync_after_s if scenario in EVENT_SCENARIOS else None
+        self.freeze_at = {"desync": self.event_at, "hang": self.event_at, "stall": t0}.get(scenario)
+        self.frozen_steps = int(desync_after_s * steps_per_s) if scenario in ("desync", "hang") else 0
         self.backend = "nccl" if fake_gpu else "gloo"
         self.timeout_s = 600.0 if fake_gpu else 1800.0
         self.pid = os.getpid()
@@ -115,10 +124,21 @@ class FakeRanks:
         """When *rank* entered collective *seq* while running (ranks skew by up to 0.3 steps)."""
         return self.t0 + (0.3 * _noise(self.seed, rank, 0, 1) + (seq - 1) / BUCKETS) / self.rate
 
+    def _hung_outside(self, rank: int) -> bool:
+        # hang: the odd rank stopped short of the collective its peers wait in (no pending op).
+        return self.scenario == "hang" and rank == self.odd_rank
+
+    def _waits(self, rank: int, t: float) -> bool:
+        """Whether *rank* sits in a collective at *t* (the job froze and it is not the hang's odd rank)."""
+        return self.freeze_at is not None and t >= self.freeze_at and not self._hung_outside(rank)
+
     def _progress(self, rank: int, t: float) -> tuple[float, int, bool]:
-        """(fractional steps done, seq, frozen) of *rank* at time *t*."""
+        """(fractional steps done, seq, waiting in a collective) of *rank* at time *t*."""
         if self.freeze_at is not None and t >= self.freeze_at:
-            return float(self.frozen_steps), 2 + self.frozen_steps * BUCKETS if self.frozen_steps else 1, True
+            top = 2 + self.frozen_steps * BUCKETS if self.frozen_steps else 1
+            if self._hung_outside(rank):  # its seq stays one short: S-1 while its peers wait in #S
+                return float(self.frozen_steps), top - 1, False
+            return float(self.frozen_steps), top, True
         skew = 0.3 * _noise(self.seed, rank, 0, 1)  # ranks of a DDP job are within a step of each other
         p = max(0.0, (t - self.t0) * self.rate - skew)
         if self.freeze_at is not None:
@@ -146,7 +166,7 @@ class FakeRanks:
 
     def pending(self, rank: int, t: float, seq: int) -> list[proto.PendingOp]:
         """The op *rank* waits in once frozen (same seq everywhere; the odd rank in another op)."""
-        if self.freeze_at is None or t < self.freeze_at:
+        if not self._waits(rank, t) or self.freeze_at is None:
             return []
         return [proto.PendingOp(seq=seq, op=f"{self.backend}:{self._op(rank, seq)}",
                                 sizes=[[[1048576]], [[1048576]]],
@@ -162,7 +182,7 @@ class FakeRanks:
     def state(self, rank: int, tick: int, clients: int = 0) -> RankState:
         """The full RankState of *rank* at *tick*."""
         s = self.sample(rank, tick)
-        frozen = self.freeze_at is not None and s.time >= self.freeze_at
+        frozen = self._waits(rank, s.time)
         skew = 0.3 * _noise(self.seed, rank, 0, 1)
         step_at = self.t0 + (skew + s.step) / self.rate if s.step else 0.0
         seq_at = self.freeze_at if frozen and self.freeze_at else self.issued_at(rank, s.seq)
@@ -194,9 +214,11 @@ class FakeRanks:
     def stacks(self, rank: int, tick: int) -> list[proto.ThreadStack]:
         """Plausible Python stacks: busy ranks rotate through phases, frozen ones sit in their op."""
         s = self.sample(rank, tick)
-        if self.freeze_at is not None and s.time >= self.freeze_at:
+        if self._waits(rank, s.time):
             op = self._op(rank, s.seq)
             frames = _BROADCAST if op == "broadcast" else _ALL_GATHER if op == "all_gather" else _ALL_REDUCE
+        elif self.freeze_at is not None and s.time >= self.freeze_at:  # hang: waits for data, forever
+            frames = _BUSY[2]
         else:
             frames = _BUSY[int(4 * _noise(self.seed, rank, tick, 9))]
         main = [proto.FrameStack(file=f, line=ln, function=fn) for f, ln, fn in (_MAIN + frames)]
@@ -207,7 +229,7 @@ class FakeRanks:
     def fr_json(self, rank: int, tick: int) -> str:
         """A Flight Recorder dump (torch's JSON layout) of the last few collectives of *rank*."""
         s = self.sample(rank, tick)
-        frozen = self.freeze_at is not None and s.time >= self.freeze_at
+        frozen = self._waits(rank, s.time)
         entries = []
         for i, seq in enumerate(range(max(1, s.seq - 5), s.seq + 1)):
             waiting = frozen and seq == s.seq
@@ -229,6 +251,29 @@ class FakeRanks:
                                 "last_completed_collective": done}},
             "entries": entries,
         })
+
+    def heard_tick(self, rank: int, tick: int) -> int:
+        """The tick of *rank*'s last state by *tick*: *tick*, except for the silent rank, whose
+        states stop at the event (its last is the last sample before it)."""
+        if self.scenario != "silent" or rank != self.odd_rank or self.event_at is None:
+            return tick
+        last = math.ceil((self.event_at - self.t0) / self.interval - self.node_of(rank) / self.n_nodes) - 1
+        return min(tick, max(0, last))
+
+    def stuck_report(self, rank: int, now: float) -> StuckReport | None:
+        """Where the silent rank is stuck, as its node agent reads it from outside once the rank
+        has been silent for ``status.silent_after_s`` (None before then, and for any other rank)."""
+        if self.scenario != "silent" or rank != self.odd_rank or self.event_at is None:
+            return None
+        since = self.due(rank, self.heard_tick(rank, 1 << 40))
+        at = since + silent_after_s(self.interval) + OUTSIDE_READ_S
+        if now < at:
+            return None
+        where = _MAIN + _BUSY[1] + _STUCK_IN
+        frames = [proto.FrameStack(file=f, line=ln, function=fn) for f, ln, fn in where]
+        return StuckReport(rank=rank, pid=self.pid, time=at, since=since, source="py-spy",
+                           proc_state="R (running)", frames=frames, holds_gil=True,
+                           note="synthetic: a C extension that keeps the GIL")
 
     def history(self, rank: int, tick: int) -> list[Sample]:
         """The last HISTORY_LEN samples up to *tick*, recomputed (they are pure)."""
