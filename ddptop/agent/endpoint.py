@@ -16,7 +16,13 @@ are the ranks' own. Requests get an :class:`~ddptop.protocol.AgentReply`:
 * ``news`` (the other node agents of the job, :mod:`ddptop.agent.exchange`): the ranks'
   endings and stuck reports so far, then each new one, and the agent's beat;
 * ``stacks`` / ``fr_trace``: asked of every local rank at once, on a worker thread (the
-  loop never waits for a rank), answered when the slowest one answered or timed out.
+  loop never waits for a rank), answered when the slowest one answered or timed out;
+* ``digest`` (a viewer of a big job, only where the Hello listed it): the catch-up with the
+  rate rules' window of history, then one :class:`~ddptop.protocol.NodeDigest` per interval
+  and the rare events at once (:mod:`ddptop.agent.digest`). Nothing of it is done while no
+  viewer asked for it.
+
+``state`` / ``history`` / ``digest`` with ``Request.ranks`` answer for those ranks only.
 
 Threads: the agent's threads call :meth:`publish`; one loop thread owns the sockets.
 """
@@ -29,9 +35,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ddptop.agent.digest import CATCHUP_SAMPLES, DIGEST_S, DigestBuilder
+from ddptop.agent.serving import selected
 from ddptop.net.server import ReporterServer, Respond, ServerLoop
 from ddptop.protocol import (
     AGENT_HELLO_RANK,
+    DIGEST_FEATURE,
     AgentBeat,
     AgentReply,
     ErrorMsg,
@@ -44,6 +53,8 @@ log = logging.getLogger(__name__)
 
 Published = Event | AgentBeat
 CatchUp = Callable[[], list[Event]]
+# The catch-up of some ranks (None: all), histories cut to a number of samples (None: whole).
+Select = Callable[[set[int] | None, int | None], list[Event]]
 Ask = Callable[[str, float], list[Event]]
 
 MAX_QUEUED = 50_000  # events waiting for the loop thread; beyond it the oldest are dropped
@@ -64,9 +75,16 @@ class NodeEndpoint:
 
     def __init__(self, bind: str, port: int, token: str | None, job_id: str,
                  catch_up: CatchUp, ask: Ask, clock: Callable[[], float] = time.time,
-                 news_catch_up: CatchUp | None = None) -> None:
+                 news_catch_up: CatchUp | None = None, select: Select | None = None, host: str = "",
+                 digest_s: float = DIGEST_S) -> None:
         self._clock = clock  # the agent's wall clock, which need not be the viewer's
         self._catch_up = catch_up
+        # Without a select, the whole catch-up is made and then cut (a stand-in's; the agent's
+        # own model cuts first).
+        self._select = select or (lambda ranks, samples: selected(catch_up(), ranks, samples))
+        self._digest = DigestBuilder(host)  # the loop thread's alone
+        self._digest_s = digest_s
+        self._next_digest = time.monotonic() + digest_s
         self._news_catch_up = news_catch_up
         self._ask = ask
         self._loop = ServerLoop(wakeable=True)
@@ -74,7 +92,7 @@ class NodeEndpoint:
             self.server = ReporterServer(bind, port, token, AGENT_HELLO_RANK, job_id, self._handle,
                                          loop=self._loop, max_output=MAX_VIEWER_OUTPUT, role="agent",
                                          deferrer=self._defer, max_clients=MAX_PEERS,
-                                         max_pending=MAX_HANDSHAKING)
+                                         max_pending=MAX_HANDSHAKING, features=[DIGEST_FEATURE])
         except OSError:
             self._loop.close()
             raise
@@ -114,7 +132,7 @@ class NodeEndpoint:
         with self._lock:
             events, self._events = self._events, deque()
         for event, news in events:
-            self.server.broadcast(event, news=news)
+            self._send(event, news)
         deadline = time.monotonic() + limit_s
         while self.server.queued_bytes and time.monotonic() < deadline:
             self._loop.poll(0.02)
@@ -124,23 +142,41 @@ class NodeEndpoint:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._loop.poll(0.5)
+                self._loop.poll(min(0.5, max(0.0, self._next_digest - time.monotonic())))
                 with self._lock:
                     events, self._events = self._events, deque()
                     answers, self._answers = self._answers, deque()
                 for event, news in events:
-                    self.server.broadcast(event, news=news)
+                    self._send(event, news)
                 for respond, reply in answers:
                     respond(reply)
+                if time.monotonic() >= self._next_digest:
+                    self._next_digest = max(self._next_digest + self._digest_s, time.monotonic())
+                    if self.server.digest_peers:
+                        self.server.broadcast(self._digest.flush(self._clock(), self.dropped), digest=True)
             except Exception as exc:  # a viewer must never take the agent down
                 log.warning("ddptop agent endpoint: %s", exc)
                 self._stop.wait(0.1)
 
+    def _send(self, event: Published, news: bool) -> None:
+        """One published event out: the node's own (not news) also feeds the digest lane while
+        a digest viewer is connected, and goes to it at once if rare (one encoding for all)."""
+        if news or isinstance(event, AgentBeat) or not self.server.digest_peers:
+            if not self.server.digest_peers:
+                self._digest.reset()
+            self.server.broadcast(event, news=news)
+            return
+        self.server.broadcast(event, digest=self._digest.add(event))
+
     def _handle(self, request: Request) -> Message:
         # On the loop thread: what the agent already knows, at once (to subscribe, the
         # stream that follows is the answer).
+        ranks = set(request.ranks) if request.ranks else None
         if request.command in ("history", "state"):
-            entries = self._catch_up()
+            entries = self._catch_up() if ranks is None else self._select(ranks, None)
+        elif request.command == "digest":  # the peer is marked: the lane starts after this reply
+            entries = self._select(ranks, CATCHUP_SAMPLES)
+            self._digest.seed(entries)
         elif request.command == "news" and self._news_catch_up is not None:
             entries = self._news_catch_up()
         else:

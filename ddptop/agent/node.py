@@ -134,7 +134,8 @@ class NodeAgent:
         from ddptop.agent.endpoint import NodeEndpoint
 
         self._endpoint = NodeEndpoint(bind, port, token, self.job_id, self._catch_up, self._ask,
-                                      news_catch_up=self._news.catch_up)
+                                      news_catch_up=self._news.catch_up, select=self._catch_up,
+                                      host=self.host)
         self._news.serve(self._endpoint, token)
         return self._endpoint.port
 
@@ -262,10 +263,12 @@ class NodeAgent:
         if self._endpoint is not None and isinstance(event, RecordEntry | RankExit | ConnectionEvent):
             self._endpoint.publish(event)
 
-    def _catch_up(self) -> list[Event]:
-        """Everything known about each local rank now: what a viewer that connects gets first."""
+    def _catch_up(self, ranks: set[int] | None = None, samples: int | None = None) -> list[Event]:
+        """Everything known about each local rank (of *ranks*) now, its last *samples* of
+        history: what a viewer that connects gets first, or asks of some ranks."""
         with self._lock:
-            return model_catch_up(self.model, set(self.model.ranks) - self._remote_ranks, time.time())
+            local = set(self.model.ranks) - self._remote_ranks
+            return model_catch_up(self.model, local if ranks is None else local & ranks, time.time(), samples)
 
     def _ask(self, command: str, timeout: float) -> list[Event]:
         """Stacks or FR dumps of every local rank that still runs (see :func:`ask_ranks`)."""

@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import islice
+
+from msgspec.structs import replace
 
 from ddptop.client.live import LiveSource
 from ddptop.model.job import JobModel
 from ddptop.protocol import ErrorMsg, Event, HistoryMsg, RecordEntry, StateMsg
 
-__all__ = ["Event", "ask_ranks", "model_catch_up"]
+__all__ = ["Event", "ask_ranks", "model_catch_up", "selected"]
 
 
-def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Event]:
-    """What *model* knows about each of *ranks* (the node's own): history, last state, where
-    it is stuck, its exit, as a viewer that connects gets it first."""
+def model_catch_up(model: JobModel, ranks: set[int], now: float, samples: int | None = None) -> list[Event]:
+    """What *model* knows about each of *ranks* (the node's own): history (its last *samples*
+    only, when given), last state, where it is stuck, its exit, as a viewer that connects
+    gets it first."""
     entries: list[Event] = []
     for rank in sorted(r for r in model.ranks if r in ranks):
         view = model.ranks[rank]
         at = view.received_at or now
-        if view.history:
-            history = HistoryMsg(rank=rank, samples=list(view.history))
+        if view.history and samples != 0:
+            ring = view.history
+            start = max(0, len(ring) - samples) if samples is not None else 0
+            history = HistoryMsg(rank=rank, samples=list(islice(ring, start, None)))
             entries.append(RecordEntry(time=at, rank=rank, message=history))
         if view.state is not None:
             entries.append(RecordEntry(time=at, rank=rank, message=StateMsg(state=view.state)))
@@ -33,6 +39,20 @@ def model_catch_up(model: JobModel, ranks: set[int], now: float) -> list[Event]:
         if view.exit is not None:
             entries.append(view.exit)
     return entries
+
+
+def selected(entries: list[Event], ranks: set[int] | None, samples: int | None) -> list[Event]:
+    """*entries* of *ranks* only (None: all), histories cut to their last *samples*: a
+    request's ``ranks`` and a digest's catch-up, over a catch-up made without them."""
+    out: list[Event] = []
+    for entry in entries:
+        if ranks is not None and entry.rank not in ranks:
+            continue
+        if samples is not None and isinstance(entry, RecordEntry) and isinstance(entry.message, HistoryMsg):
+            cut = entry.message.samples[-samples:] if samples else []
+            entry = replace(entry, message=replace(entry.message, samples=cut))
+        out.append(entry)
+    return out
 
 
 def ask_ranks(live: LiveSource, model: JobModel, lock: threading.Lock, ranks: set[int], command: str,

@@ -113,6 +113,7 @@ class Peer:
     admitted: bool = False  # handshake complete: counted among viewers, not pending peers
     subscribed: bool = False
     news: bool = False  # a node agent of the same job: only the exchange's events
+    digest: bool = False  # a viewer of a node agent's digest lane (NodeDigest and the rare events)
     events: int = selectors.EVENT_READ  # what the selector watches for this socket
     last_request: float = 0.0  # monotonic
     last_drain: float = 0.0  # monotonic: output last emptied or made progress
@@ -121,3 +122,13 @@ class Peer:
     def on_ready(self, events: int) -> None:
         """The selector saw *events* on this peer's socket."""
         self.owner.serve_peer(self, events)
+
+    @property
+    def streaming(self) -> bool:
+        """It asked for a stream (states, news or the digest): quiet, yet not idle."""
+        return self.subscribed or self.news or self.digest
+
+    def wants(self, lane_only: bool, news: bool, digest: bool) -> bool:
+        """Whether a broadcast is for this peer: the state stream unless the message belongs
+        to a lane alone (*lane_only*), the news or the digest lane when sent to it."""
+        return (self.subscribed and not lane_only) or (news and self.news) or (digest and self.digest)

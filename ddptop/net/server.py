@@ -35,6 +35,7 @@ from ddptop.protocol import (
     ErrorMsg,
     Hello,
     Message,
+    NodeDigest,
     ReporterStats,
     Request,
 )
@@ -63,7 +64,8 @@ class ReporterServer:
     def __init__(self, host: str, port: int, token: str | None, rank: int, job_id: str,
                  handler: Handler, *, loop: ServerLoop | None = None, max_output: int | None = None,
                  role: str = "rank", deferrer: Deferrer | None = None,
-                 max_clients: int | None = None, max_pending: int | None = None) -> None:
+                 max_clients: int | None = None, max_pending: int | None = None,
+                 features: list[str] | None = None) -> None:
         self._owns_loop = loop is None
         # A node agent is also a peer of every other node agent of its job: more room. (None:
         # the limits module's, read when used.)
@@ -91,6 +93,7 @@ class ReporterServer:
         self._job_id = job_id
         self._handler = handler
         self._role = role
+        self._features = list(features or [])  # in the Hello: what a peer may ask beyond COMMANDS' core
         self._deferrer = deferrer
         self._max_output = max_output
         self._clients: set[Peer] = set()
@@ -108,6 +111,11 @@ class ReporterServer:
     def subscribers(self) -> int:
         """Viewers that asked for a state stream."""
         return sum(1 for c in self._clients if c.subscribed)
+
+    @property
+    def digest_peers(self) -> int:
+        """Viewers that asked a node agent for its digest lane."""
+        return sum(1 for c in self._clients if c.digest)
 
     @property
     def queued_bytes(self) -> int:
@@ -132,16 +140,17 @@ class ReporterServer:
         """End a :meth:`poll` in progress (from any thread) if the loop is wakeable."""
         self._loop.wake()
 
-    def broadcast(self, message: Message, news: bool = False) -> None:
-        """Queue *message* (encoded once) for every subscribed, authenticated viewer; with
-        *news*, also (or, for an agent's beat, only) for the peers that asked for "news"."""
-        only_news = isinstance(message, AgentBeat)
-        if not any((c.subscribed and not only_news) or (news and c.news) for c in self._clients):
+    def broadcast(self, message: Message, news: bool = False, digest: bool = False) -> None:
+        """Queue *message* (encoded once) for every subscribed, authenticated viewer; with *news*
+        / *digest*, also (or, for an agent's beat / a NodeDigest, only: a subscribed viewer may
+        not know the tag) for the peers that asked for "news" / "digest"."""
+        lane_only = isinstance(message, AgentBeat | NodeDigest)
+        if not any(c.wants(lane_only, news, digest) for c in self._clients):
             return
         frame = encode_frame(message)
         cap = self._max_output if self._max_output is not None else limits.MAX_CLIENT_OUTPUT
         for client in list(self._clients):
-            if ((client.subscribed and not only_news) or (news and client.news)) and client.authed:
+            if client.wants(lane_only, news, digest) and client.authed:
                 if (len(client.out) + len(frame) > cap
                         or self._queued + len(frame) > limits.MAX_TOTAL_OUTPUT):
                     self.counters.dropped_frames += 1
@@ -191,7 +200,8 @@ class ReporterServer:
         self._clients.add(client)
         self._pending[client] = None
         self._loop.selector.register(sock, _READ, client)
-        hello = Hello(protocol=PROTOCOL_VERSION, role=self._role, rank=self._rank, job_id=self._job_id)
+        hello = Hello(protocol=PROTOCOL_VERSION, role=self._role, rank=self._rank, job_id=self._job_id,
+                      features=self._features)
         if self._token:
             client.nonce = auth.new_nonce()
             hello.nonce, hello.auth_required = client.nonce, True
@@ -207,7 +217,7 @@ class ReporterServer:
         if len(viewers) >= (self._max_clients or limits.MAX_CLIENTS):
             # Never lock a real viewer out: make room by closing the viewer that has been
             # quiet the longest, preferring one that is not subscribed and reading.
-            quietest = min(viewers, key=lambda c: ((c.subscribed or c.news) and not c.out, c.last_request))
+            quietest = min(viewers, key=lambda c: (c.streaming and not c.out, c.last_request))
             self.counters.evicted_peers += 1
             self._drop(quietest, "evicted: too many viewers")
 
@@ -219,7 +229,7 @@ class ReporterServer:
                 reason = "handshake not completed in time"
             elif client.out and now - client.last_drain > limits.STALL_TIMEOUT_S:
                 reason = "not reading its output"
-            elif not (client.subscribed or client.news) and now - client.last_request > limits.IDLE_TIMEOUT_S:
+            elif not client.streaming and now - client.last_request > limits.IDLE_TIMEOUT_S:
                 reason = "idle"
             if reason:
                 self.counters.timed_out_peers += 1
@@ -302,6 +312,8 @@ class ReporterServer:
             client.subscribed = True
         elif message.command == "news" and self._role == "agent":
             client.news = True
+        elif message.command == "digest" and self._role == "agent":  # a rank's handler refuses it
+            client.digest = True
         elif message.command == "unsubscribe":
             client.subscribed = False
             return
