@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ddptop import auth
-from ddptop.client.live import LiveSource
+from ddptop.client.live import DIGEST_FROM_RANKS, LiveSource
 from ddptop.client.targets import resolve
 
 
@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     from ddptop.tui.app import DdptopApp  # textual only when a dashboard is wanted
 
     target = resolve(args.target, store_timeout_s=args.timeout)
-    source = LiveSource(target, token=auth.load_token(), connect_timeout=args.timeout)
+    # A big job's node agents send digests (what changed, once per interval) to the dashboard.
+    source = LiveSource(target, token=auth.load_token(), connect_timeout=args.timeout,
+                        digest=target.world_size >= DIGEST_FROM_RANKS)
     DdptopApp(source).run()
     return 0

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from ddptop.client import agents
 from ddptop.client.collect import end_after_close, ended_before, stuck_stacks
+from ddptop.client.digest_view import DigestView
 from ddptop.client.handshake import Handshake
 from ddptop.client.live_requests import LiveRequests, Peer
 from ddptop.client.targets import JobTarget
@@ -29,6 +30,7 @@ from ddptop.model.job import CONNECTED, LOST
 from ddptop.net import stream
 from ddptop.net.loop import ServerLoop
 from ddptop.protocol import (
+    DIGEST_FEATURE,
     EVENT_TYPES,
     AgentBeat,
     AgentReply,
@@ -40,6 +42,7 @@ from ddptop.protocol import (
     Hello,
     HistoryMsg,
     Message,
+    NodeDigest,
     RecordEntry,
     Request,
     StacksMsg,
@@ -55,6 +58,9 @@ log = logging.getLogger(__name__)
 # A peer silent by the agent's rule (ddptop.status): look for the node agent's .stuck report.
 STUCK_AFTER_S = silent_after_s()
 STUCK_EVERY_S = 1.0
+# From this many ranks the dashboard asks node agents for their digest lane: below it a frame
+# per rank per sample costs little and the rank detail keeps every field fresh.
+DIGEST_FROM_RANKS = 1024
 RECV_BYTES = 1 << 20  # per read: a node agent's catch-up of 512 ranks comes in one
 
 
@@ -65,8 +71,11 @@ class LiveSource(LiveRequests):
 
     def __init__(self, target: JobTarget, token: str | None = None,
                  connect_timeout: float = 5.0, read_remains: bool = True, read_stuck: bool = True,
-                 news: bool = False, history: bool = True) -> None:
+                 news: bool = False, history: bool = True, digest: bool = False) -> None:
         self.target = target
+        # Node agents that offer it send one digest per interval instead of a frame per rank
+        # per sample (ddptop.client.digest_view): the dashboard of a big job asks for it.
+        self._digest = digest
         # Each rank's window of samples (up to an hour of them): what a one-shot snapshot,
         # which shows only the present, does not ask for.
         self._history = history
@@ -274,11 +283,23 @@ class LiveSource(LiveRequests):
             if isinstance(message, AgentBeat):
                 peer.shift = time.time() - message.time
             self.on_agent(peer.endpoint, message)
+        elif isinstance(message, NodeDigest):
+            peer.shift = time.time() - message.time
+            if peer.digest is not None:
+                events, repair = peer.digest.expand(message, peer.shift)
+                for event in events:
+                    self._deliver(event)
+                if repair:  # a digest or a detail went missing: fresh states replace the copies
+                    self._send(peer, Request(command="state", ranks=repair, id=0))
         elif isinstance(message, AgentReply):
             peer.shift = time.time() - message.time
             for entry in agents.reply_entries(message, time.time()):
+                if peer.digest is not None:
+                    peer.digest.whole(entry)
                 self._deliver(entry)
         elif isinstance(message, EVENT_TYPES):
+            if peer.digest is not None:
+                peer.digest.whole(message)
             self._deliver(agents.shifted(message, peer.shift))
         if fut is not None:
             fut.set_result(message)
@@ -287,6 +308,11 @@ class LiveSource(LiveRequests):
         peer.ready = True
         if peer.serves and self._news:  # the catch-up of endings, then each new one
             self._send(peer, Request(command="news", id=0))
+            return
+        hello = peer.handshake.hello if peer.handshake is not None else None
+        if peer.serves and self._digest and hello is not None and DIGEST_FEATURE in hello.features:
+            peer.digest = DigestView()  # the catch-up first (whole states), then the lane
+            self._send(peer, Request(command="digest", id=0))
             return
         if peer.serves:  # subscribed first: nothing that happens after the catch-up is missed
             self._send(peer, Request(command="subscribe", id=0))

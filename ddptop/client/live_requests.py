@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from ddptop.client.collect import stuck_stacks
+from ddptop.client.digest_view import DigestView
 from ddptop.client.handshake import Handshake
 from ddptop.net.loop import ServerLoop
 from ddptop.protocol import AgentReply, FrTraceMsg, Message, RecordEntry, Request, StacksMsg
@@ -43,6 +44,7 @@ class Peer:
     serves: tuple[int, ...] = ()  # a node agent's peer: the ranks it serves (empty for a rank)
     shift: float = 0.0  # a node agent's peer: our clock minus the agent's
     owner: Callable[[Peer, int], None] | None = None  # serves the loop's events on this socket
+    digest: DigestView | None = None  # a node agent's peer on its digest lane
 
     def on_ready(self, events: int) -> None:
         """The loop saw *events* on this peer's socket."""
