@@ -1,6 +1,9 @@
-"""Viewer ingest through node agents vs straight to every rank: 4096 ranks behind 512 agents.
+"""Viewer ingest through node agents vs straight to every rank: 4096 (to 32,768) ranks behind agents of 8.
 
-Run: ``.venv/bin/python bench/agent_fanin.py [--ranks 4096] [--per-agent 8] [--window 5] [--rounds 3]``.
+Run: ``.venv/bin/python bench/agent_fanin.py [--ranks 4096] [--per-agent 8] [--window 5] [--rounds 3]``;
+the sizes of issue 23 are ``--ranks 4096,8192,16384,32768``. Where a socket per rank does not
+fit the open-files hard limit (``fds_needed``), the generator serves through its agents only
+(``--agents-only``) and the ``ranks`` rows say n/a.
 
 One synthetic job (``ddptop.testing.synthetic --ranks-per-agent K``, 1 s sample interval,
 real sockets, in a SUBPROCESS so its CPU is not counted here) serves every rank both ways:
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -32,7 +36,7 @@ from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event
-from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
+from ddptop.testing.synthetic import ensure_fd_limit, fds_needed, run_in_subprocess
 
 
 def ingest(job_id: str, n: int, via: str, window: float) -> dict[str, float]:
@@ -51,14 +55,14 @@ def ingest(job_id: str, n: int, via: str, window: float) -> dict[str, float]:
     began = time.monotonic()
     source.start(emit)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 120 + n / 256
         while True:
             with lock:
                 have = sum(1 for v in model.ranks.values() if v.state is not None)
             if have >= n:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{via}: states from {have} of {n} ranks after 120 s")
+                raise RuntimeError(f"{via}: states from {have} of {n} ranks after {120 + n / 256:.0f} s")
             time.sleep(0.05)
         attach_s = time.monotonic() - began
         time.sleep(1.5)  # history replies and connect bursts pass: measure the steady stream
@@ -71,42 +75,65 @@ def ingest(job_id: str, n: int, via: str, window: float) -> dict[str, float]:
         source.stop()
 
 
+def fits(needed: int) -> bool:
+    """Whether *needed* open files fit under the hard limit (the generator's is the same as ours)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return hard == resource.RLIM_INFINITY or needed <= hard
+
+
+def one_size(n: int, k: int, rounds: int, window: float) -> list[tuple[int, str, dict[str, float]]]:
+    """Alternate the ways that can run at *n* ranks for *rounds* rounds; {} for one that cannot."""
+    both = fits(fds_needed(n, k)) and fits(n + 512)  # the generator's sockets, and ours per rank
+    rt = Path(tempfile.mkdtemp(prefix="ddptop-fanin-"))
+    os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
+    job_id = f"fanin{n}"
+    extra = ("--ranks-per-agent", str(k)) if both else ("--agents-only", "--ranks-per-agent", str(k))
+    gen = run_in_subprocess(n, job_id, "healthy", 1.0, rt, extra_args=extra, ready_timeout=600)
+    rows: list[tuple[int, str, dict[str, float]]] = []
+    try:
+        for i in range(rounds):
+            for via in (("ranks", "agent") if i % 2 == 0 else ("agent", "ranks")):
+                if via == "ranks" and not both:
+                    rows.append((i + 1, via, {}))  # a socket per rank does not fit: n/a
+                    continue
+                ensure_fd_limit((n if via == "ranks" else n // k) + 512)
+                rows.append((i + 1, via, ingest(job_id, n, via, window)))
+                print(f"  {n} ranks round {i + 1} {via} done", file=sys.stderr, flush=True)
+    finally:
+        gen.stop()
+    return rows
+
+
 def main() -> int:
-    """Alternate the two ways for --rounds rounds and print the table."""
+    """Alternate the two ways for --rounds rounds at each size and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--ranks", default="4096", help="sizes, comma-separated")
     parser.add_argument("--per-agent", type=int, default=8)
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    n, k = args.ranks, args.per_agent
-    ensure_fd_limit(n + 512)
-    rt = Path(tempfile.mkdtemp(prefix="ddptop-fanin-"))
-    os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
-    job_id = f"fanin{n}"
-    gen = run_in_subprocess(n, job_id, "healthy", 1.0, rt, extra_args=("--ranks-per-agent", str(k)),
-                            ready_timeout=180)
-    rows: list[tuple[int, str, dict[str, float]]] = []
-    try:
-        for i in range(args.rounds):
-            for via in (("ranks", "agent") if i % 2 == 0 else ("agent", "ranks")):
-                rows.append((i + 1, via, ingest(job_id, n, via, args.window)))
-                print(f"  round {i + 1} {via} done", file=sys.stderr, flush=True)
-    finally:
-        gen.stop()
-    print(f"{n} ranks, {(n + k - 1) // k} node agents of {k} ranks, {args.window:g} s windows")
-    head = (f"{'round':>5} {'via':>6} {'connections':>11} {'attach s':>8} {'ingest CPU ms/s':>15} "
-            f"{'events/s':>8}")
-    print(head)
-    print("-" * len(head))
-    for rnd, via, r in rows:
-        print(f"{rnd:>5} {via:>6} {r['connections']:>11.0f} {r['attach_s']:>8.2f} {r['cpu_ms_per_s']:>15.1f} "
-              f"{r['events_per_s']:>8.0f}")
-    pairs = list(zip([r for _, v, r in rows if v == "agent"], [r for _, v, r in rows if v == "ranks"],
-                     strict=True))
-    cpu_ratio = statistics.median(a["cpu_ms_per_s"] / b["cpu_ms_per_s"] for a, b in pairs)
-    attach_ratio = statistics.median(a["attach_s"] / b["attach_s"] for a, b in pairs)
-    print(f"median ratio agent/ranks: ingest CPU {cpu_ratio:.2f}, attach {attach_ratio:.2f}")
+    k = args.per_agent
+    results = [(n, one_size(n, k, args.rounds, args.window)) for n in (int(x) for x in args.ranks.split(","))]
+    for n, rows in results:
+        print(f"{n} ranks, {(n + k - 1) // k} node agents of {k} ranks, {args.window:g} s windows")
+        head = (f"{'round':>5} {'via':>6} {'connections':>11} {'attach s':>8} {'ingest CPU ms/s':>15} "
+                f"{'events/s':>8}")
+        print(head)
+        print("-" * len(head))
+        for rnd, via, r in rows:
+            if not r:
+                print(f"{rnd:>5} {via:>6} {'n/a':>11} {'n/a':>8} {'n/a':>15} {'n/a':>8}")
+                continue
+            print(f"{rnd:>5} {via:>6} {r['connections']:>11.0f} {r['attach_s']:>8.2f} "
+                  f"{r['cpu_ms_per_s']:>15.1f} {r['events_per_s']:>8.0f}")
+        pairs = [(a, b) for a, b in zip([r for _, v, r in rows if v == "agent"],
+                                        [r for _, v, r in rows if v == "ranks"], strict=True) if a and b]
+        if pairs:
+            cpu_ratio = statistics.median(a["cpu_ms_per_s"] / b["cpu_ms_per_s"] for a, b in pairs)
+            attach_ratio = statistics.median(a["attach_s"] / b["attach_s"] for a, b in pairs)
+            print(f"median ratio agent/ranks: ingest CPU {cpu_ratio:.2f}, attach {attach_ratio:.2f}")
+        else:
+            print("median ratio agent/ranks: n/a (a socket per rank does not fit the open-files limit)")
     return 0
 
 
