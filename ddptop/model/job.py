@@ -17,6 +17,7 @@ import msgspec
 
 from ddptop.model.outcome import Ending, ending_of, exit_fields, first_failure, resolved_status
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
+from ddptop.model.status_index import StatusIndex
 from ddptop.protocol import (
     STUB_LOCAL_RANK,
     ConnectionEvent,
@@ -99,6 +100,22 @@ class JobModel:
     # rank -> (host name, address), as the job's store published them (the node agent records
     # them): where a victim's lost connection led
     places: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # Sets owned by consumers (the status index, the table's row index): apply adds every rank
+    # whose view changed, and each consumer empties its own set when it has caught up, so a
+    # redraw at 32,768 ranks visits the few hundred that changed, not every rank.
+    dirty_sinks: list[set[int]] = field(default_factory=list, init=False, compare=False, repr=False)
+    _status_index: StatusIndex | None = field(default=None, init=False, compare=False, repr=False)
+
+    def watch_dirty(self) -> set[int]:
+        """A new set that every later change of a rank's view adds the rank to."""
+        sink: set[int] = set()
+        self.dirty_sinks.append(sink)
+        return sink
+
+    def _changed(self, view: RankView) -> None:
+        view.version += 1
+        for sink in self.dirty_sinks:
+            sink.add(view.rank)
 
     def view(self, rank: int) -> RankView:
         """The view of *rank*, created on first use."""
@@ -114,7 +131,7 @@ class JobModel:
             return
         if isinstance(message, ConnectionEvent):
             view = self.view(message.rank)
-            view.version += 1
+            self._changed(view)
             view.connection, view.connection_reason = message.status, message.reason
             if message.status == LOST and view.lost_at is None:
                 view.lost_at = message.time
@@ -122,7 +139,7 @@ class JobModel:
             return
         if isinstance(message, RankExit):
             view = self.view(message.rank)
-            view.version += 1
+            self._changed(view)
             view.exit = message
             self._touch(message.time)
             return
@@ -131,7 +148,7 @@ class JobModel:
             view = self.view(st.rank)
             if view.state is not None and is_stub(st) and st.pid == view.state.pid:
                 st = ended_over(view.state, st)
-            view.version += 1
+            self._changed(view)
             t = at if at is not None else st.time
             view.state, view.received_at = st, t
             if view.connection != LOST and st.status not in FINAL:
@@ -142,20 +159,20 @@ class JobModel:
             self._touch(t)
         elif isinstance(message, HistoryMsg):
             view = self.view(message.rank)
-            view.version += 1
+            self._changed(view)
             merged = {s.time: s for s in view.history}
             merged.update({s.time: s for s in message.samples})
             view.history = deque(sorted(merged.values(), key=lambda s: s.time), maxlen=HISTORY_LEN)
         elif isinstance(message, StacksMsg):
             view = self.view(message.rank)
-            view.version += 1
+            self._changed(view)
             view.stacks = message
             if message.stuck is not None:
                 view.stuck = message.stuck
             self._touch(at if at is not None else message.time)
         elif isinstance(message, FrTraceMsg):
             view = self.view(message.rank)
-            view.version += 1
+            self._changed(view)
             view.fr_trace = message
 
     def _touch(self, t: float) -> None:
@@ -170,8 +187,15 @@ class JobModel:
     def statuses(self, now: float) -> dict[int, str]:
         """Status word of every rank at *now*, victims of a teardown as ``torn_down``.
 
-        One pass: the dashboard calls this at every redraw, for thousands of ranks.
+        From an index kept up to date with the ranks that changed (the dashboard calls this
+        at every redraw, for up to 32,768 ranks); equal to :meth:`_statuses_full`.
         """
+        if self._status_index is None:
+            self._status_index = StatusIndex(self)
+        return self._status_index.statuses(now)
+
+    def _statuses_full(self, now: float) -> dict[int, str]:
+        """:meth:`statuses` by one loop over every rank: the reference the index is held to."""
         out: dict[int, str] = {}
         ends: dict[int, Ending] = {}
         for rank, view in sorted(self.ranks.items()):

@@ -1,0 +1,77 @@
+"""JobModel.statuses from the incremental StatusIndex equals the full loop it replaced.
+
+The index keeps each rank's word from the ranks ``apply`` marked dirty, turns ranks stale
+through buckets of their receipt time, and resolves teardowns over the ended ranks only;
+the reference is the old loop, kept as ``JobModel._statuses_full``. Random event streams,
+read at random times (also going back in time, as a replay's seek does).
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddptop.model.job import JobModel
+from ddptop.protocol import ConnectionEvent, Message, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.status import STALE_AFTER_S, Status
+
+WORDS = ("running", "running", "starting", "exited", "crashed", "terminated")
+times = st.floats(min_value=990.0, max_value=1010.0) | st.sampled_from(
+    [1000.0, 1000.0 - STALE_AFTER_S, 1001.0 - STALE_AFTER_S, 999.5])
+
+
+def _state(rank: int, t: float, status: str, reason: str) -> RankState:
+    return RankState(rank=rank, local_rank=rank, world_size=8, host=f"h{rank % 2}", pid=100 + rank,
+                     job_id="si", time=t, step=1, status=status, exit_reason=reason)
+
+
+ranks = st.integers(min_value=0, max_value=11)
+state_events = st.builds(
+    lambda r, t, at, w, reason: RecordEntry(time=at, rank=r, message=StateMsg(state=_state(r, t, w, reason))),
+    ranks, times, times, st.sampled_from(WORDS), st.sampled_from(["", "Connection reset by peer"]))
+exit_events = st.builds(
+    lambda r, t, code, sig: RankExit(time=t, rank=r, pid=100 + r, exit_code=code, signal=sig),
+    ranks, times, st.none() | st.sampled_from([0, 1]), st.sampled_from(["", "SIGTERM", "SIGKILL", "SIGSEGV"]))
+conn_events = st.builds(lambda r, t, s: ConnectionEvent(time=t, rank=r, status=s, reason="x"),
+                        ranks, times, st.sampled_from([Status.CONNECTED.value, Status.STALE.value,
+                                                       Status.LOST.value]))
+events = st.one_of(state_events, state_events, exit_events, conn_events)
+steps = st.lists(st.tuples(events, st.none() | times), min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_index_equals_the_full_loop_over_random_streams(stream: list[tuple[Message, float | None]]) -> None:
+    model = JobModel("si", 8)
+    for message, read_at in stream:
+        model.apply(message)
+        if read_at is not None:
+            got = model.statuses(read_at)
+            assert got == model._statuses_full(read_at)
+            assert list(got) == sorted(got)
+    for now in (990.0, 1000.0, 1000.0 + STALE_AFTER_S, 1020.0, 995.0):
+        assert model.statuses(now) == model._statuses_full(now)
+
+
+def test_a_silent_rank_turns_stale_with_time_alone() -> None:
+    """No event after its last state: the clock alone makes it stale, then the next state
+    makes it running again."""
+    model = JobModel("si", 2)
+    for r in (0, 1):
+        model.apply(StateMsg(state=_state(r, 100.0, "running", "")))
+    assert model.statuses(100.0 + STALE_AFTER_S) == {0: "running", 1: "running"}
+    model.apply(StateMsg(state=_state(0, 104.0, "running", "")))
+    assert model.statuses(100.5 + STALE_AFTER_S) == {0: "running", 1: "stale"}
+    model.apply(StateMsg(state=_state(1, 106.0, "running", "")))
+    assert model.statuses(106.0 + STALE_AFTER_S) == {0: "stale", 1: "running"}
+
+
+def test_each_consumer_owns_its_dirty_set() -> None:
+    model = JobModel("si", 2)
+    a, b = model.watch_dirty(), model.watch_dirty()
+    model.apply(StateMsg(state=_state(1, 1.0, "running", "")))
+    assert a == b == {1}
+    a.clear()
+    model.apply(RankExit(time=2.0, rank=0, pid=100, exit_code=0))
+    assert a == {0} and b == {0, 1}
+    assert model.copy().dirty_sinks == [] and model.shared_copy().dirty_sinks == []
