@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Message, RankExit, RankState, RecordEntry, StateMsg
 from ddptop.status import STALE_AFTER_S, Status
+from ddptop.tui.widgets.header import HeaderFacts, identity_by_loop
 
 WORDS = ("running", "running", "starting", "exited", "crashed", "terminated")
 times = st.floats(min_value=990.0, max_value=1010.0) | st.sampled_from(
@@ -75,3 +76,26 @@ def test_each_consumer_owns_its_dirty_set() -> None:
     model.apply(RankExit(time=2.0, rank=0, pid=100, exit_code=0))
     assert a == {0} and b == {0, 1}
     assert model.copy().dirty_sinks == [] and model.shared_copy().dirty_sinks == []
+
+
+ident_states = st.builds(
+    lambda r, host, start, world, backend: StateMsg(state=RankState(
+        rank=r, local_rank=r, world_size=world, host=host, pid=1, job_id="si", time=1.0, status="running",
+        start_time=start, backend=backend)),
+    ranks, st.sampled_from(["a", "b", "c", ""]), st.sampled_from([0.0, 5.0, 3.0, 9.0]),
+    st.integers(min_value=0, max_value=16), st.sampled_from(["", "nccl", "gloo"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(ident_states, ident_states, exit_events, conn_events), st.booleans()),
+                min_size=1, max_size=40))
+def test_header_facts_equal_the_loop(stream: list[tuple[Message, bool]]) -> None:
+    """The header's identity (start, world, hosts, backend) kept from dirty ranks equals the
+    pass over every state, read after any prefix of the stream."""
+    model = JobModel("si", 4)
+    facts = HeaderFacts(model)
+    for message, read in stream:
+        model.apply(message)
+        if read:
+            assert facts.identity() == identity_by_loop(model)
+    assert facts.identity() == identity_by_loop(model)
