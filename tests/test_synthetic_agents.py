@@ -55,9 +55,13 @@ def generators() -> Iterator[list[SyntheticProcess]]:
 class Watched:
     """A LiveSource folding into a JobModel under a lock, as the dashboard does."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, digest: bool = False) -> None:
         self.model, self.lock = JobModel(), threading.Lock()
-        self.source = LiveSource(resolve(job_id), connect_timeout=5.0)
+        self.source = LiveSource(resolve(job_id), connect_timeout=5.0, digest=digest)
+
+    def pulses(self) -> int:
+        """States this viewer rebuilt from its agents' digests (0: it got a frame per state)."""
+        return sum(p.digest.pulses for p in self.source._agent_peers if p.digest is not None)
 
     def emit(self, event: Event) -> None:
         with self.lock:
@@ -69,11 +73,11 @@ class Watched:
 
 
 @pytest.fixture
-def watch() -> Iterator[Callable[[str], Watched]]:
+def watch() -> Iterator[Callable[..., Watched]]:
     started: list[Watched] = []
 
-    def start(job_id: str) -> Watched:
-        w = Watched(job_id)
+    def start(job_id: str, digest: bool = False) -> Watched:
+        w = Watched(job_id, digest)
         started.append(w)
         w.source.start(w.emit)
         return w
@@ -148,9 +152,10 @@ def _findings(w: Watched, kind: str) -> list[Finding]:
     return found
 
 
+@pytest.mark.parametrize("digest", [False, True], ids=["stream", "digest"])
 def test_hang_names_the_rank_that_never_entered_the_collective(
         runtime_dir: Path, via_agent: None, generators: list[SyntheticProcess],
-        watch: Callable[[str], Watched]) -> None:
+        watch: Callable[..., Watched], digest: bool) -> None:
     gen = run_in_subprocess(16, "hang", "hang", 0.2, runtime_dir, seed=5, ready_timeout=60,
                             extra_args=("--agents-only", "--ranks-per-agent", "4", "--desync-after", "1"))
     generators.append(gen)
@@ -158,7 +163,7 @@ def test_hang_names_the_rank_that_never_entered_the_collective(
     assert banner, gen.banner
     odd, event_at = int(banner[1]), float(banner[2])
     assert odd != 0 and abs(event_at - time.time()) < 60
-    w = watch("hang")
+    w = watch("hang", digest)
 
     def named() -> bool:
         return any(f.ranks == [odd] for f in _findings(w, "collective_stall"))
@@ -172,15 +177,17 @@ def test_hang_names_the_rank_that_never_entered_the_collective(
     top = states[0].collectives[0].seq
     assert states[odd].collectives[0].seq == top - 1 and not states[odd].collectives[0].pending
     assert all(s.collectives[0].pending[0].seq == top for r, s in states.items() if r != odd)
+    assert (w.pulses() > 0) == digest  # the lane was used, or not asked for
 
 
+@pytest.mark.parametrize("digest", [False, True], ids=["stream", "digest"])
 def test_silent_rank_goes_stale_and_its_agent_says_where_it_is_stuck(
-        runtime_dir: Path, via_agent: None, watch: Callable[[str], Watched]) -> None:
+        runtime_dir: Path, via_agent: None, watch: Callable[..., Watched], digest: bool) -> None:
     with SyntheticJob(16, "silent", "silent", interval_s=0.2, runtime_dir=runtime_dir, desync_after_s=1.0,
                       seed=2, ranks_per_agent=4, rank_servers=False) as job:
         odd, event_at = job.odd_rank, job.event_at
         assert odd != 0 and event_at is not None
-        w = watch("silent")
+        w = watch("silent", digest)
         wait_until(lambda: w.read(lambda m: m.view(odd).status(time.time())) == STALE, 30,
                    f"rank {odd} stale")
         wait_until(lambda: any(f.ranks == [odd] for f in _findings(w, "rank_unresponsive")), 20,
@@ -194,7 +201,8 @@ def test_silent_rank_goes_stale_and_its_agent_says_where_it_is_stuck(
         stuck = w.read(lambda m: m.ranks[odd].stuck)
         assert isinstance(stuck, StuckReport) and stuck.since < event_at <= stuck.time
         # A viewer that attaches after the silence gets the stuck report in the agents' catch-up.
-        late = watch("silent")
+        late = watch("silent", digest)
         wait_until(lambda: late.read(lambda m: m.ranks.get(odd) is not None
                                      and m.ranks[odd].current_stuck() is not None) is True,
                    20, "the stuck report in a late viewer's catch-up")
+        assert (w.pulses() > 0) == digest

@@ -17,8 +17,11 @@ carries each rank's last :data:`CATCHUP_SAMPLES` samples or fewer (``catchup_sam
 budget for the whole job), not the rank's 600.
 
 The generator calls :meth:`FakeAgents.tick_node` once per node and tick: that is the one
-place where what an agent sends per interval is decided, so another way of sending (one
-frame per node and interval) is a branch there and in ``_handle``, not a new loop.
+place where what an agent sends per interval is decided. Every agent also offers the digest
+lane (its Hello lists ``"digest"``): a viewer that asks gets the catch-up, then one
+:class:`~ddptop.protocol.NodeDigest` per node and tick, built by the real agent's
+:class:`~ddptop.agent.digest.DigestBuilder` from the same states, so the two ways a viewer
+follows a node can be compared on one generator.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ddptop import protocol as proto
+from ddptop.agent.digest import DigestBuilder
 from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import AgentReply, Event, Message, RecordEntry, Request, Sample
 
@@ -60,13 +64,14 @@ class FakeAgents:
         self._recent: dict[int, deque[Sample]] = {}  # rank -> its last CATCHUP_SAMPLES samples
         self._recent_tick: dict[int, int] = {}  # rank -> the tick of the newest one kept
         self._stuck_sent: set[int] = set()  # silent ranks whose stuck report went to subscribers
+        self._lanes: dict[int, DigestBuilder] = {}  # node -> its digest lane, while a viewer asked
         self.catchup_samples = max(1, min(CATCHUP_SAMPLES, CATCHUP_BUDGET // fake.n))
         try:
             for node in range(fake.n_nodes):
                 self.servers.append(ReporterServer(
                     "127.0.0.1", 0, token, proto.AGENT_HELLO_RANK, fake.job_id,
                     partial(self._handle, node), loop=loop,
-                    max_output=AGENT_OUTPUT_CAP, role="agent"))
+                    max_output=AGENT_OUTPUT_CAP, role="agent", features=[proto.DIGEST_FEATURE]))
         except BaseException:
             self.close()
             raise
@@ -78,21 +83,30 @@ class FakeAgents:
     def tick_node(self, node: int, tick: int) -> None:
         """*node*'s ranks sampled *tick*: forward their states to its agent's subscribers."""
         server = self.servers[node]
-        if not server.subscribers:  # nobody listening: build nothing (most of 4,096 agents, most ticks)
-            return
+        lane = self._lanes.get(node)
+        if lane is not None and not server.digest_peers:
+            del self._lanes[node]  # its last viewer left: the next one starts from a catch-up
+            lane = None
+        if not server.subscribers and lane is None:
+            return  # nobody listening: build nothing (most of 4,096 agents, most ticks)
         now = time.time()
         for rank in self.fake.node_ranks(node):
             if rank in self._gone:
                 continue
             if self.fake.heard_tick(rank, tick) == tick:
                 state = self.fake.state(rank, tick, clients=1)
-                server.broadcast(RecordEntry(time=now, rank=rank, message=proto.StateMsg(state=state)))
+                entry = RecordEntry(time=now, rank=rank, message=proto.StateMsg(state=state))
+                # The lane takes a running state into its next digest; what it returns True
+                # for (a final state) goes to digest viewers at once, as to subscribers.
+                server.broadcast(entry, digest=lane.add(entry) if lane is not None else False)
             elif rank not in self._stuck_sent and (report := self.fake.stuck_report(rank, now)) is not None:
                 # What a real agent does once a rank is silent (agent/stuck.py): read it from
                 # outside and tell its viewers where it is stuck, as stacks.
                 self._stuck_sent.add(rank)
                 stacks = proto.StacksMsg.of_stuck(report)
-                server.broadcast(RecordEntry(time=report.time, rank=rank, message=stacks))
+                server.broadcast(RecordEntry(time=report.time, rank=rank, message=stacks), digest=True)
+        if lane is not None:
+            server.broadcast(lane.flush(now), digest=True)
 
     def close(self) -> None:
         """Close every agent's listener and viewers."""
@@ -113,12 +127,16 @@ class FakeAgents:
 
     def _handle(self, node: int, request: Request) -> Message:
         fake, now, ident, command = self.fake, time.time(), request.id, request.command
-        if command not in ("history", "state", "subscribe", "stacks", "fr_trace"):
+        if command not in ("history", "state", "subscribe", "stacks", "fr_trace", "digest"):
             return proto.ErrorMsg(reason=f"unsupported request {command!r}", id=ident)
+        lane = command == "digest"
+        if lane:  # the digest's catch-up is the history's (the server marked the peer already)
+            command = "history"
         entries: list[Event] = []
         tick = self._ticks[node]
+        only = set(request.ranks)  # Request.ranks: those ranks only (empty: all the node's)
         for rank in fake.node_ranks(node) if command != "subscribe" else ():
-            if rank in self._gone:
+            if rank in self._gone or (only and rank not in only):
                 continue
             heard = fake.heard_tick(rank, tick)  # a silent rank: its last state, heard back then
             at = fake.due(rank, heard) if heard != tick else now
@@ -139,4 +157,6 @@ class FakeAgents:
             else:
                 message = proto.FrTraceMsg(rank=rank, time=now, json=fake.fr_json(rank, tick), id=ident)
             entries.append(RecordEntry(time=at, rank=rank, message=message))
+        if lane:  # what this viewer holds now: the lane's pulses are laid over it
+            self._lanes.setdefault(node, DigestBuilder(fake.host(node * fake.per_node))).seed(entries)
         return AgentReply(time=now, entries=entries, id=ident)
