@@ -40,8 +40,9 @@ from ddptop.testing.synthetic import ensure_fd_limit, fds_needed, run_in_subproc
 
 
 def ingest(job_id: str, n: int, via: str, window: float) -> dict[str, float]:
-    """Attach with DDPTOP_VIA=*via*, wait for every rank's state, then measure *window* s."""
-    os.environ["DDPTOP_VIA"] = via
+    """Attach *via* "ranks", "agent" (the agents' stream) or "digest" (their digest lane), wait
+    for every rank's state, then measure *window* s."""
+    os.environ["DDPTOP_VIA"] = "ranks" if via == "ranks" else "agent"
     model, lock = JobModel(), threading.Lock()
     count = [0]
 
@@ -51,7 +52,7 @@ def ingest(job_id: str, n: int, via: str, window: float) -> dict[str, float]:
         count[0] += 1
 
     target = resolve(job_id)
-    source = LiveSource(target)
+    source = LiveSource(target, digest=via == "digest")
     began = time.monotonic()
     source.start(emit)
     try:
@@ -81,7 +82,8 @@ def fits(needed: int) -> bool:
     return hard == resource.RLIM_INFINITY or needed <= hard
 
 
-def one_size(n: int, k: int, rounds: int, window: float) -> list[tuple[int, str, dict[str, float]]]:
+def one_size(n: int, k: int, rounds: int, window: float,
+             ways: tuple[str, ...] = ("ranks", "agent")) -> list[tuple[int, str, dict[str, float]]]:
     """Alternate the ways that can run at *n* ranks for *rounds* rounds; {} for one that cannot."""
     both = fits(fds_needed(n, k)) and fits(n + 512)  # the generator's sockets, and ours per rank
     rt = Path(tempfile.mkdtemp(prefix="ddptop-fanin-"))
@@ -92,7 +94,7 @@ def one_size(n: int, k: int, rounds: int, window: float) -> list[tuple[int, str,
     rows: list[tuple[int, str, dict[str, float]]] = []
     try:
         for i in range(rounds):
-            for via in (("ranks", "agent") if i % 2 == 0 else ("agent", "ranks")):
+            for via in (ways if i % 2 == 0 else ways[::-1]):  # A/B, then B/A
                 if via == "ranks" and not both:
                     rows.append((i + 1, via, {}))  # a socket per rank does not fit: n/a
                     continue
@@ -111,9 +113,14 @@ def main() -> int:
     parser.add_argument("--per-agent", type=int, default=8)
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--via", default="ranks,agent",
+                        help="ways to compare, alternated: ranks, agent (the agents' stream of states), "
+                             "digest (their digest lane)")
     args = parser.parse_args()
     k = args.per_agent
-    results = [(n, one_size(n, k, args.rounds, args.window)) for n in (int(x) for x in args.ranks.split(","))]
+    ways = tuple(args.via.split(","))
+    sizes = [int(x) for x in args.ranks.split(",")]
+    results = [(n, one_size(n, k, args.rounds, args.window, ways)) for n in sizes]
     for n, rows in results:
         print(f"{n} ranks, {(n + k - 1) // k} node agents of {k} ranks, {args.window:g} s windows")
         head = (f"{'round':>5} {'via':>6} {'connections':>11} {'attach s':>8} {'ingest CPU ms/s':>15} "
@@ -126,14 +133,17 @@ def main() -> int:
                 continue
             print(f"{rnd:>5} {via:>6} {r['connections']:>11.0f} {r['attach_s']:>8.2f} "
                   f"{r['cpu_ms_per_s']:>15.1f} {r['events_per_s']:>8.0f}")
-        pairs = [(a, b) for a, b in zip([r for _, v, r in rows if v == "agent"],
-                                        [r for _, v, r in rows if v == "ranks"], strict=True) if a and b]
-        if pairs:
-            cpu_ratio = statistics.median(a["cpu_ms_per_s"] / b["cpu_ms_per_s"] for a, b in pairs)
-            attach_ratio = statistics.median(a["attach_s"] / b["attach_s"] for a, b in pairs)
-            print(f"median ratio agent/ranks: ingest CPU {cpu_ratio:.2f}, attach {attach_ratio:.2f}")
-        else:
-            print("median ratio agent/ranks: n/a (a socket per rank does not fit the open-files limit)")
+        for a_way, b_way in (("agent", "ranks"), ("digest", "agent"), ("digest", "ranks")):
+            if a_way not in ways or b_way not in ways:
+                continue
+            pairs = [(a, b) for a, b in zip([r for _, v, r in rows if v == a_way],
+                                            [r for _, v, r in rows if v == b_way], strict=True) if a and b]
+            if pairs:
+                cpu_ratio = statistics.median(a["cpu_ms_per_s"] / b["cpu_ms_per_s"] for a, b in pairs)
+                attach_ratio = statistics.median(a["attach_s"] / b["attach_s"] for a, b in pairs)
+                print(f"median ratio {a_way}/{b_way}: ingest CPU {cpu_ratio:.2f}, attach {attach_ratio:.2f}")
+            else:
+                print(f"median ratio {a_way}/{b_way}: n/a (that way cannot run at this size here)")
     return 0
 
 

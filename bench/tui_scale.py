@@ -62,7 +62,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-u
         time.sleep(0.1)
 
 
-def measure_ingest(job_id: str, n: int, window: float) -> dict[str, float]:
+def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> dict[str, float]:
     """CPU per second of LiveSource + JobModel.apply over *window* seconds of steady state."""
     model, lock = JobModel(), threading.Lock()
     counters = {"events": 0, "apply_s": 0.0}
@@ -74,7 +74,7 @@ def measure_ingest(job_id: str, n: int, window: float) -> dict[str, float]:
         counters["apply_s"] += time.thread_time() - began
         counters["events"] += 1
 
-    source = LiveSource(resolve(job_id))
+    source = LiveSource(resolve(job_id), digest=digest)
     attach_began = time.monotonic()
     source.start(emit)
     try:
@@ -95,13 +95,13 @@ def measure_ingest(job_id: str, n: int, window: float) -> dict[str, float]:
         source.stop()
 
 
-async def _tui(job_id: str, n: int, presses: int) -> dict[str, float]:
+async def _tui(job_id: str, n: int, presses: int, digest: bool = False) -> dict[str, float]:
     from textual import events
 
     from ddptop.tui.app import DdptopApp
     from ddptop.tui.widgets.rank_table import RankTable
 
-    app = DdptopApp(LiveSource(resolve(job_id)))
+    app = DdptopApp(LiveSource(resolve(job_id), digest=digest))
     async with app.run_test(size=(200, 60)) as pilot:
         table = app.query_one(RankTable)
         deadline = time.monotonic() + 90 + n / 256
@@ -176,7 +176,7 @@ def fits(needed: int) -> bool:
 def generator_args(n: int, ways: list[str]) -> tuple[str, ...] | None:
     """The generator's flags for size *n*: ranks and agents if a socket per rank fits, agents only
     if not (None: the asked ways cannot run at all)."""
-    per_agent = 8 if "agent" in ways else 0
+    per_agent = 8 if "agent" in ways or "digest" in ways else 0
     if fits(fds_needed(n, per_agent)) and fits(n + 512):  # generator, and this viewer's socket per rank
         return ("--ranks-per-agent", "8") if per_agent else ()
     return ("--agents-only",) if per_agent else None
@@ -184,7 +184,7 @@ def generator_args(n: int, ways: list[str]) -> tuple[str, ...] | None:
 
 def runnable(via: str, args: tuple[str, ...]) -> bool:
     """Whether a viewer can attach *via* to a generator started with *args*."""
-    return via == "agent" or "--agents-only" not in args
+    return via in ("agent", "digest") or "--agents-only" not in args
 
 
 def main() -> int:
@@ -193,7 +193,9 @@ def main() -> int:
     parser.add_argument("--ranks", default="64,1024,4096")
     parser.add_argument("--window", type=float, default=5.0, help="ingest measurement seconds")
     parser.add_argument("--presses", type=int, default=40)
-    parser.add_argument("--via", default="ranks", help="ranks, agent, or both comma-separated (alternated)")
+    parser.add_argument("--via", default="ranks",
+                        help="ranks, agent (the agents' stream of states), digest (their digest lane), "
+                             "comma-separated (alternated)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.ranks.split(",")]
     ways = args.via.split(",")
@@ -216,14 +218,15 @@ def main() -> int:
                     rows.append((n, via, start_s, {}, {}))  # a socket per rank does not fit: n/a
                     continue
                 ensure_fd_limit((n if via == "ranks" else n // 8) + 512)  # this viewer's sockets
-                os.environ["DDPTOP_VIA"] = via
-                ingest = measure_ingest(job_id, n, args.window)
-                tui = asyncio.run(_tui(job_id, n, args.presses)) if not why_no_tui else {}
+                os.environ["DDPTOP_VIA"] = "ranks" if via == "ranks" else "agent"
+                digest = via == "digest"
+                ingest = measure_ingest(job_id, n, args.window, digest)
+                tui = asyncio.run(_tui(job_id, n, args.presses, digest)) if not why_no_tui else {}
                 rows.append((n, via, start_s, ingest, tui))
         finally:
             gen.stop()
         print(f"  done {n} ranks", file=sys.stderr, flush=True)
-    head = (f"{'ranks':>6} {'via':>5} {'gen start s':>11} {'attach s':>8} {'events/s':>8} "
+    head = (f"{'ranks':>6} {'via':>6} {'gen start s':>11} {'attach s':>8} {'events/s':>8} "
             f"{'ingest CPU ms/s':>15} {'(apply)':>7} {'update ms':>9} {'paint ms':>8} {'redraw ms':>9} "
             f"{'key p95 ms':>10} {'key max':>7}")
     print(head)
@@ -233,7 +236,7 @@ def main() -> int:
             return f"{t[key]:.{digits}f}" if key in t else "n/a"
 
         start = f"{start_s:.1f}" if start_s else "n/a"
-        print(f"{n:>6} {via:>5} {start:>11} {f('attach_s', ing):>8} {f('events_per_s', ing, 0):>8} "
+        print(f"{n:>6} {via:>6} {start:>11} {f('attach_s', ing):>8} {f('events_per_s', ing, 0):>8} "
               f"{f('cpu_ms_per_s', ing):>15} {f('apply_ms_per_s', ing):>7} {f('update_ms'):>9} "
               f"{f('paint_ms'):>8} {f('cycle_ms'):>9} {f('key_p95_ms'):>10} {f('key_max_ms'):>7}")
     print("n/a: that way cannot run at that size here (a socket per rank past the open-files limit)")

@@ -26,10 +26,11 @@ _NOT_HEARD = frozenset(("never seen", "no state received"))
 
 @contextmanager
 def watching(target: JobTarget, feed: ModelFeed, *, token: str | None, connect_timeout: float = 5.0,
-             read_stuck: bool = True, history: bool = True) -> Iterator[LiveSource]:
-    """A live source feeding *feed* for the duration of the ``with`` block, stopped after."""
+             read_stuck: bool = True, history: bool = True, digest: bool = False) -> Iterator[LiveSource]:
+    """A live source feeding *feed* for the duration of the ``with`` block, stopped after
+    (*digest*: through the node agents' digest lane where they offer it)."""
     source = LiveSource(target, token=token, connect_timeout=connect_timeout, read_stuck=read_stuck,
-                        history=history)
+                        history=history, digest=digest)
     source.start(feed.emit)
     try:
         yield source

@@ -1,0 +1,68 @@
+"""32,768 ranks behind 4,096 node agents: one rank never enters the collective the others wait
+in, and the diagnosis names it, through the agents' digest lane (issue 23's must-show).
+
+The synthetic job runs agents only (a socket per rank would pass the open-files limit) in its
+own process group, stopped by the fixture; the viewer is the real LiveSource folding into a
+ModelFeed, as ``doctor`` and the dashboard fold; every wait is bounded and polls its condition.
+Slow (about 30 s here, most of it the generator building 32,768 states per interval).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddptop.client.model_feed import ModelFeed
+from ddptop.client.targets import resolve
+from ddptop.client.watch import watching
+from ddptop.diagnosis import findings_for_model
+from ddptop.testing.synthetic import SyntheticProcess, ensure_fd_limit, run_in_subprocess
+
+N, PER_NODE = 32768, 8
+INTERVAL_S = 2.0  # the generator's 32,768 states per sample take about a second to build here
+
+
+@pytest.fixture
+def generator() -> Iterator[list[SyntheticProcess]]:
+    started: list[SyntheticProcess] = []
+    try:
+        yield started
+    finally:
+        for gen in started:
+            gen.stop()
+
+
+@pytest.mark.slow
+def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_agents(
+        runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, generator: list[SyntheticProcess]) -> None:
+    monkeypatch.setenv("DDPTOP_VIA", "agent")
+    ensure_fd_limit(N // PER_NODE + 512)  # this viewer: one socket per node agent
+    gen = run_in_subprocess(N, "big", "hang", INTERVAL_S, runtime_dir, seed=7, ready_timeout=300,
+                            extra_args=("--agents-only", "--ranks-per-agent", str(PER_NODE),
+                                        "--desync-after", "4"))
+    generator.append(gen)
+    banner = re.search(r"odd rank (\d+), event at ([\d.]+)", gen.banner)
+    assert banner, gen.banner
+    odd = int(banner[1])
+    target = resolve("big")
+    assert target.world_size == N and target.via_agents
+    feed = ModelFeed("big", N)
+    with watching(target, feed, token=None, connect_timeout=30.0, read_stuck=False, digest=True) as source:
+        assert source.connections == N // PER_NODE  # one per node, none per rank
+        assert feed.wait_settled(range(N), 240.0) == N, "a state of every rank through the agents"
+        named: list[str] = []
+        deadline = time.monotonic() + 240
+        while not named and time.monotonic() < deadline:
+            model = feed.copy()
+            named = [f.title for f in findings_for_model(model, time.time())
+                     if f.kind == "collective_stall" and f.ranks == [odd]]
+            if not named:
+                time.sleep(1.0)  # a diagnosis of 32,768 ranks is itself a second's work
+        pulses = sum(p.digest.pulses for p in source._agent_peers if p.digest is not None)
+    assert named, f"no collective_stall naming rank {odd} within 240 s"
+    assert named[0].endswith(f"rank {odd} never entered it"), named
+    assert pulses > 0  # the states came as digests, not a frame each
