@@ -30,6 +30,7 @@ from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
 from ddptop.tui.findings import findings, worst
+from ddptop.tui.row_index import GROUP_FROM_RANKS, RowIndex
 from ddptop.tui.rows import RowBuilder
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.filter import FilterPrompt
@@ -48,7 +49,7 @@ FINDINGS_EVERY_S = 1.0  # at most this often (longer when a diagnosis takes long
 # below it, it costs a few ms and runs inline (deterministic for tests and replay).
 BACKGROUND_FINDINGS_RANKS = 256
 GC_THRESHOLD_0 = 50_000  # allocations between young collections (CPython's default: 700)
-_MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh"}
+_MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh", "cycle_view"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
 
 
@@ -74,6 +75,7 @@ class DdptopApp(App[int]):
         Binding("less_than_sign", "sort(-1)", "sort ←", key_display="<"),
         Binding("greater_than_sign", "sort(1)", "sort →", key_display=">"),
         Binding("o", "toggle_order", "order", show=False),
+        Binding("g", "cycle_view", "view", show=False),  # ranks | odd | node | status | collective
         Binding("p", "pause", "pause"),
         Binding("r", "refresh", "refresh"),
         Binding("left", "step(-1)", "back", priority=True),
@@ -109,6 +111,7 @@ class DdptopApp(App[int]):
         self._started = False
         self._diagnosing = False
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
+        self._index: RowIndex | None = None  # above GROUP_FROM_RANKS: visible rows and groups
         self._findings_every = FINDINGS_EVERY_S
         self._gc_thresholds = gc.get_threshold()
 
@@ -193,11 +196,19 @@ class DdptopApp(App[int]):
             elif not self._diagnosing:
                 self._diagnose_in_background(now)
             self._last_findings, self._findings_ranks = wall, len(self.model.ranks)
-        self.query_one(RankTable).set_rows(self._rows.build(self.model, now))
+        table = self.query_one(RankTable)
+        big = max(len(self.model.ranks), self.model.world_size) > GROUP_FROM_RANKS
+        if big or (self._index is not None and self._index.model is self.model):
+            if self._index is None or self._index.model is not self.model:
+                self._index = _index_like(self.model, self._index)
+            table.set_sequence(self._index.refresh(now), self._index.every_row)
+            statuses = self._index.statuses
+        else:
+            table.set_rows(self._rows.build(self.model, now))
+            statuses = self._rows.statuses
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
-                                       "replay" if self.replay else "live", self.paused,
-                                       self._rows.statuses)
+                                       "replay" if self.replay else "live", self.paused, statuses)
         self._dirty = False
         self._last_redraw = time.monotonic()
         self.redraws += 1
@@ -245,6 +256,20 @@ class DdptopApp(App[int]):
     def on_timeline_moved(self, message: Timeline.Moved) -> None:
         """Replay: show the job at the new position."""
         self._load_moment(message.t)
+
+    def on_rank_table_group_chosen(self, message: RankTable.GroupChosen) -> None:
+        """Enter on a group row: expand or fold it in place."""
+        if self._index is not None:
+            self._index.toggle(message.key)
+            self.redraw()
+
+    def action_cycle_view(self) -> None:
+        """Next table view: ranks | odd | node | status | collective (big jobs only)."""
+        if self._index is None:
+            self.notify(f"grouped views from {GROUP_FROM_RANKS + 1:,} ranks", severity="warning")
+            return
+        self.notify(f"view: {self._index.cycle()}")
+        self.redraw()
 
     def on_rank_table_chosen(self, message: RankTable.Chosen) -> None:
         """Enter on a row: the rank's detail."""
@@ -365,3 +390,11 @@ class DdptopApp(App[int]):
             return
         self.query_one(Timeline).seek(first)
         self.notify("jumped to the first finding", timeout=5)
+
+
+def _index_like(model: JobModel, before: RowIndex | None) -> RowIndex:
+    """A row index of *model* showing what *before* showed (a replay seek brings a new model)."""
+    index = RowIndex(model)
+    if before is not None:
+        index.view, index.expanded = before.view, before.expanded
+    return index

@@ -74,6 +74,60 @@ class RankRow:
         return bool(self.marks)
 
 
+@dataclass(slots=True, eq=False)
+class GroupRow:
+    """One table line standing for many ranks (jobs above ``GROUP_FROM_RANKS`` ranks): the
+    ranks of one node, one status or one collective, read as a sentence, expandable in place.
+
+    The ranges are filled by :mod:`ddptop.tui.row_index` only for group rows on screen.
+    """
+
+    kind: str  # "node" | "status" | "collective" | "rest" (the odd view's healthy majority)
+    key: tuple[str, ...]
+    ranks: set[int]
+    expanded: bool = False
+    status_counts: dict[str, int] = field(default_factory=dict)
+    step_lo: int | None = None
+    step_hi: int | None = None
+    seq_lo: int | None = None
+    seq_hi: int | None = None
+    pending: str = ""  # 'all_reduce #3702' when the ranks wait in one collective
+    oldest_wait_s: float | None = None
+    marks: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """How many ranks the row stands for."""
+        return len(self.ranks)
+
+
+def group_line(group: GroupRow, width: int) -> str:
+    """'▸ 32,761 ranks  running  all_reduce #3702 waiting 12s  step 9-10  seq 3701-3702'."""
+    words = [("▾" if group.expanded else "▸") + f" {group.count:,} rank{'s' if group.count != 1 else ''}"]
+    if group.kind == "node":
+        words.append(f"on {group.key[0] or '?'}")
+    words.append(", ".join(f"{n:,} {w}" for w, n in sorted(group.status_counts.items(), key=lambda i: -i[1]))
+                 if len(group.status_counts) > 1 else next(iter(group.status_counts), ""))
+    if group.pending:
+        wait = "" if group.oldest_wait_s is None else f" waiting {human_duration(group.oldest_wait_s)}"
+        words.append(group.pending + wait)
+    elif group.kind in ("collective", "rest") and group.key[-1] == "computing":
+        words.append("computing")
+    if group.step_lo is not None:
+        words.append(f"step {_span(group.step_lo, group.step_hi)}")
+    if group.seq_lo is not None:
+        words.append(f"seq {_span(group.seq_lo, group.seq_hi)}")
+    if group.marks:
+        words.append("⚠ " + " ".join(group.marks))
+    if group.kind != "rest" and group.count <= 64:
+        words.append(f"ranks {rank_ranges(sorted(group.ranks))}")
+    return ("  ".join(w for w in words if w))[:width].ljust(width)
+
+
+def _span(lo: int | None, hi: int | None) -> str:
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
 def steps_per_second(view: RankView) -> float | None:
     """Recent training speed from the history (last ~10 s), else 1 / step time."""
     hist = view.history

@@ -8,6 +8,8 @@ the selection, the sort column and the filter, and turns cells into styled segme
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
@@ -19,9 +21,13 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, RankRow, cells, filter_rows, sort_rows
+from ddptop.tui.row_index import RowSequence
+from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, GroupRow, RankRow, cells, filter_rows, group_line, sort_rows
 
 _LINE_WIDTH = sum(c.width for c in COLUMNS) + len(COLUMNS) + 1
+# A grouped table sorted by another column, or filtered, needs every rank's row: rebuilt at
+# most this often (32,768 rows cost hundreds of milliseconds), not at every redraw.
+FULL_ROWS_EVERY_S = 1.0
 
 
 class _PaintStyles(NamedTuple):
@@ -64,10 +70,21 @@ class RankTable(ScrollView, can_focus=True):
             super().__init__()
             self.rank = rank
 
+    class GroupChosen(Message):
+        """Enter on a group row: expand or fold it."""
+
+        def __init__(self, key: tuple[str, ...]) -> None:
+            super().__init__()
+            self.key = key  # (kind, *group key)
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._all: list[RankRow] = []
-        self.shown_rows: list[RankRow] = []
+        # A list of rows (small jobs) or a RowSequence that builds the rows painted (big ones).
+        self.shown_rows: Sequence[RankRow | GroupRow] = []
+        self._lazy: RowSequence | None = None
+        self._every_row: Callable[[], list[RankRow]] | None = None
+        self._full: tuple[float, list[RankRow]] | None = None
         self.sort_key = "rank"
         self.sort_reverse = False
         self.filter_query = ""
@@ -78,29 +95,60 @@ class RankTable(ScrollView, can_focus=True):
 
     def set_rows(self, rows: list[RankRow]) -> None:
         """Replace the rows (keeps the cursor on the same rank when it is still shown)."""
-        self._all = rows
+        self._all, self._lazy, self._every_row, self._full = rows, None, None, None
+        self._rebuild()
+
+    def set_sequence(self, rows: RowSequence, every_row: Callable[[], list[RankRow]]) -> None:
+        """Show *rows*, built only when painted (jobs above GROUP_FROM_RANKS); *every_row*
+        gives every rank's row for a sort by another column or a filter."""
+        self._lazy, self._every_row = rows, every_row
         self._rebuild()
 
     def _rebuild(self) -> None:
         current = self.current_rank
-        matching = filter_rows(self._all, self.filter_query)
-        # Rows come in rank order: the default sort is already done (4096 rows, every redraw).
-        self.shown_rows = matching if self.sort_key == "rank" and not self.sort_reverse \
-            else sort_rows(matching, self.sort_key, self.sort_reverse)
+        row = self.current_row
+        group = (row.kind, *row.key) if isinstance(row, GroupRow) else None
+        if self._lazy is not None and not self.filter_query and self.sort_key == "rank" \
+                and not self.sort_reverse:
+            self.shown_rows = self._lazy
+        else:
+            rows = self._all if self._every_row is None else self._every_rows()
+            matching = filter_rows(rows, self.filter_query)
+            # Rows come in rank order: the default sort is already done (4096 rows, every redraw).
+            self.shown_rows = matching if self.sort_key == "rank" and not self.sort_reverse \
+                else sort_rows(matching, self.sort_key, self.sort_reverse)
         self.virtual_size = Size(_LINE_WIDTH, len(self.shown_rows) + 1)
-        if current is not None:
-            idx = next((i for i, r in enumerate(self.shown_rows) if r.rank == current), None)
-            if idx is not None:
-                self.cursor = idx
+        shown = self.shown_rows
+        idx: int | None = None
+        if isinstance(shown, RowSequence):
+            idx = shown.index_of_group(group) if group is not None else \
+                shown.index_of(current) if current is not None else None
+        elif current is not None:
+            idx = next((i for i, r in enumerate(shown) if isinstance(r, RankRow) and r.rank == current), None)
+        if idx is not None:
+            self.cursor = idx
         self.cursor = max(0, min(self.cursor, len(self.shown_rows) - 1))
         self.refresh()
 
+    def _every_rows(self) -> list[RankRow]:
+        assert self._every_row is not None
+        wall = time.monotonic()
+        if self._full is None or wall - self._full[0] >= FULL_ROWS_EVERY_S:
+            self._full = (wall, self._every_row())
+        return self._full[1]
+
+    @property
+    def current_row(self) -> RankRow | GroupRow | None:
+        """The row under the cursor, or None when no row is shown."""
+        if 0 <= self.cursor < len(self.shown_rows):
+            return self.shown_rows[self.cursor]
+        return None
+
     @property
     def current_rank(self) -> int | None:
-        """Rank under the cursor, or None when no row is shown."""
-        if 0 <= self.cursor < len(self.shown_rows):
-            return self.shown_rows[self.cursor].rank
-        return None
+        """Rank under the cursor, or None when no row is shown (or a group row is)."""
+        row = self.current_row
+        return row.rank if isinstance(row, RankRow) else None
 
     def set_filter(self, query: str) -> int:
         """Show only rows matching *query*; returns how many rows match."""
@@ -139,10 +187,12 @@ class RankTable(ScrollView, can_focus=True):
             self.refresh()
 
     def action_choose(self) -> None:
-        """Open the detail of the rank under the cursor."""
-        rank = self.current_rank
-        if rank is not None:
-            self.post_message(self.Chosen(rank))
+        """Open the detail of the rank under the cursor, or expand/fold the group row."""
+        row = self.current_row
+        if isinstance(row, GroupRow):
+            self.post_message(self.GroupChosen((row.kind, *row.key)))
+        elif row is not None:
+            self.post_message(self.Chosen(row.rank))
 
     def watch_cursor(self, cursor: int) -> None:
         # Keep the cursor row inside the viewport (line 0 is the sticky header).
@@ -200,6 +250,12 @@ class RankTable(ScrollView, can_focus=True):
     def _row_segments(self, index: int, styles: _PaintStyles) -> list[Segment]:
         row = self.shown_rows[index]
         base = styles.base
+        if isinstance(row, GroupRow):
+            if index == self.cursor and self.has_focus:
+                base = base + styles.cursor
+            level = "bad" if row.marks else ""
+            return [Segment(" ", base),
+                    Segment(group_line(row, _LINE_WIDTH - 1), base + styles.levels[level] if level else base)]
         if row.desynced:
             base = base + styles.desync
         if row.rank in self.selected:

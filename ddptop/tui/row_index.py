@@ -1,0 +1,345 @@
+"""Rank-table rows for the biggest jobs: only the visible rows are built, the rest are groups.
+
+Above :data:`GROUP_FROM_RANKS` ranks, :class:`~ddptop.tui.rows.RowBuilder` (one row per rank
+at every redraw: 56 ms at 8,192 ranks even with every row memoized) gives way to a
+:class:`RowIndex`. It keeps, for the ranks the model marked dirty only, what a row and its
+marks depend on (the facts, the job's leads as counters, the groups each rank belongs to),
+finds the *odd* ranks (the candidates for a mark, checked with the same ``marks_of``), and
+hands the table a :class:`RowSequence` that builds a row when the table paints it.
+
+Views (key ``g``): ``ranks`` (every rank, as :func:`~ddptop.tui.rows.build_rows` shows
+them), ``odd`` (the odd ranks worst first, then one group row per status and collective
+for the rest), ``node``, ``status`` and ``collective`` (group rows). Enter on a group row
+expands it in place.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+from ddptop.diagnosis.desync import BAD_STATUS, MISMATCH, JobLeads, RankFacts, facts_of, marks_of
+from ddptop.model.job import JobModel
+from ddptop.status import Status
+from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
+
+GROUP_FROM_RANKS = 1024  # at or below, every rank has its row (RowBuilder, as always)
+VIEWS = ("ranks", "odd", "node", "status", "collective")
+COMPUTING = "computing"  # the collective key of a rank in no collective
+_KINDS = ("node", "status", "collective", "rest")
+_UNKNOWN = ("unknown",)
+# Odd ranks worst first: gone or failed, then silent, then disagreeing with their peers.
+_WORST: dict[str, int] = {Status.LOST: 0, Status.CRASHED: 0, Status.TERMINATED: 0, Status.TORN_DOWN: 1,
+                          Status.STALE: 2}
+
+Shown = RankRow | GroupRow
+
+
+class RowSequence(Sequence[Shown]):
+    """The table's rows of one redraw, built on demand (the table paints ~50 of 32,768)."""
+
+    def __init__(self, index: RowIndex, entries: Sequence[int | GroupRow], by_rank: bool) -> None:
+        self._index = index
+        self._entries = entries
+        self._by_rank = by_rank  # entries are rank ids in ascending order
+        self._groups = {(g.kind, *g.key): i for i, g in enumerate(entries) if isinstance(g, GroupRow)}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @overload
+    def __getitem__(self, i: int) -> Shown: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Shown]: ...
+    def __getitem__(self, i: int | slice) -> Shown | list[Shown]:
+        if isinstance(i, slice):
+            return [self._shown(e) for e in self._entries[i]]
+        return self._shown(self._entries[i])
+
+    def __iter__(self) -> Iterator[Shown]:
+        return (self._shown(e) for e in self._entries)
+
+    def _shown(self, entry: int | GroupRow) -> Shown:
+        if isinstance(entry, GroupRow):
+            return self._index.filled(entry)
+        return self._index.row(entry)
+
+    def index_of(self, rank: int) -> int | None:
+        """Where *rank*'s own row is (None when it is inside a folded group)."""
+        entries = self._entries
+        if self._by_rank:
+            i = bisect_left(entries, rank)  # type: ignore[type-var]  # ints only in this view
+            return i if i < len(entries) and entries[i] == rank else None
+        try:
+            return list.index(entries, rank)  # type: ignore[arg-type]  # C-level; groups compare by identity
+        except ValueError:
+            return None
+
+    def index_of_group(self, key: tuple[str, ...]) -> int | None:
+        """Where the group row ``(kind, *key)`` is."""
+        return self._groups.get(key)
+
+
+class RowIndex:
+    """Facts, leads, odd ranks and groups of one model, kept from its dirty ranks."""
+
+    def __init__(self, model: JobModel, view: str = "odd") -> None:
+        self.model = model
+        self.view = view
+        self.expanded: set[tuple[str, ...]] = set()  # (kind, *key) of the groups shown open
+        self._dirty = model.watch_dirty()
+        self._dirty.update(model.ranks)
+        self.statuses: dict[int, str] = {}  # of the latest refresh (the header reuses them)
+        self.leads = JobLeads(0, 0, None, 0, {})
+        self.marks: dict[int, list[str]] = {}  # the odd ranks' marks
+        self.odd: list[int] = []  # worst first
+        self._facts: dict[int, RankFacts] = {}
+        self._step: dict[int, int] = {}  # ranks with a state
+        self._seq: dict[int, int] = {}  # ranks with a default group
+        self._bpe: dict[int, int] = {}
+        self._bpes: Counter[int] = Counter()
+        self._bpe_ranks: dict[int, set[int]] = {}
+        self._op: dict[int, tuple[int, str]] = {}  # the oldest pending op's (seq, op)
+        self._ops: dict[int, Counter[str]] = {}  # leads' ops_at_seq
+        self._op_ranks: dict[tuple[int, str], set[int]] = {}
+        self._age: dict[int, float] = {}
+        self._seq_stuck: set[int] = set()
+        self._step_stuck: set[int] = set()
+        self._bad: set[int] = set()
+        self._keys: dict[int, tuple[tuple[str, ...], ...]] = {}  # per kind of _KINDS
+        self._groups: dict[str, dict[tuple[str, ...], set[int]]] = {k: {} for k in _KINDS}
+        self._memo: dict[int, tuple[int, object, str, RankRow]] = {}
+        self._all: tuple[tuple[int, int], list[int], list[int]] = ((-1, -1), [], [])  # all, unknown
+
+    # ------------------------------------------------------------ upkeep
+
+    def refresh(self, now: float) -> RowSequence:
+        """Catch up with the model at *now*; the rows of the current view."""
+        statuses = self.model.statuses(now)
+        changed = set(self._dirty)
+        self._dirty.clear()
+        if statuses != self.statuses:  # C-level; differs when a rank turned stale with time
+            prev = self.statuses
+            changed.update([r for r, s in statuses.items() if prev.get(r) != s])
+        self.statuses = statuses
+        for rank in changed:
+            self._update(rank, statuses[rank])
+        self.leads = leads = JobLeads(max(self._seq.values(), default=0), max(self._step.values(), default=0),
+                                      _majority(self._bpes), len(self._bpes), self._ops)
+        facts = self._facts
+        marks = {r: m for r in self._candidates(leads) if (m := marks_of(facts[r], leads))}
+        self.marks = marks
+        self.odd = sorted(marks, key=lambda r: (_worst(statuses[r], marks[r]), r))
+        return self._sequence()
+
+    def _update(self, rank: int, status: str) -> None:
+        view = self.model.ranks[rank]
+        f = facts_of(view.state, status)
+        old = self._facts.get(rank)
+        self._facts[rank] = f
+        if f.has_state:
+            self._step[rank] = f.step
+        else:
+            self._step.pop(rank, None)
+        if old is None or old.seq != f.seq:
+            _set(self._seq, rank, f.seq)
+        if old is None or old.bpe != f.bpe:
+            _move(self._bpe, self._bpes, self._bpe_ranks, rank, f.bpe)
+        op = None if f.op is None else (f.op.seq, f.op.op)
+        if self._op.get(rank) != op:
+            before = self._op.pop(rank, None)
+            if before is not None:
+                _count(self._ops, self._op_ranks, rank, before, -1)
+            if op is not None:
+                self._op[rank] = op
+                _count(self._ops, self._op_ranks, rank, op, 1)
+        _set(self._age, rank, None if f.op is None else f.op.age_s)
+        _flag(self._seq_stuck, rank, f.seq_stuck)
+        _flag(self._step_stuck, rank, f.step_stuck)
+        _flag(self._bad, rank, status in BAD_STATUS)
+        coll = (COMPUTING,) if f.op is None else (_short_op(f.op.op), str(f.op.seq))
+        host = view.state.host if view.state is not None else ""
+        keys = ((host,), (status,), coll, (status, *coll))
+        before_keys = self._keys.get(rank)
+        if before_keys != keys:
+            self._keys[rank] = keys
+            for kind, new, prev in zip(_KINDS, keys, before_keys or (None,) * 4, strict=True):
+                if new != prev:
+                    groups = self._groups[kind]
+                    if prev is not None:
+                        members = groups[prev]
+                        members.discard(rank)
+                        if not members:
+                            del groups[prev]
+                    groups.setdefault(new, set()).add(rank)
+
+    def _candidates(self, leads: JobLeads) -> set[int]:
+        """A superset of the ranks with a mark (each is then checked with ``marks_of``)."""
+        found = set(self._bad)
+        seq, step = self._seq, self._step
+        found.update([r for r in self._seq_stuck if seq[r] < leads.max_seq])
+        found.update([r for r in self._step_stuck if step[r] < leads.max_step])
+        for at, counts in self._ops.items():
+            if len(counts) > 1:  # the minority op at a seq, or everyone at a tie
+                top = counts.most_common(2)
+                for op, n in counts.items():
+                    if n < top[0][1] or top[0][1] == top[1][1]:
+                        found |= self._op_ranks[(at, op)]
+        if leads.distinct_bpe > 1:
+            for bpe, members in self._bpe_ranks.items():
+                if bpe != leads.common_bpe:
+                    found |= members
+        return found
+
+    # ------------------------------------------------------------ rows
+
+    def _known(self) -> tuple[list[int], list[int]]:
+        """Every rank id shown (known and never heard from) in order, and the unknown ones."""
+        ranks, world = self.model.ranks, self.model.world_size
+        if self._all[0] != (len(ranks), world):
+            unknown = sorted(set(range(world)) - ranks.keys())
+            self._all = ((len(ranks), world), sorted([*ranks, *unknown]), unknown)
+        return self._all[1], self._all[2]
+
+    def _sequence(self) -> RowSequence:
+        everyone, unknown = self._known()
+        if self.view == "ranks":
+            return RowSequence(self, everyone, by_rank=True)
+        entries: list[int | GroupRow] = []
+        if self.view == "odd":
+            entries.extend(self.odd)
+            odd = set(self.odd)
+            kind = "rest"
+            groups = {k: (m - odd if odd else m) for k, m in self._groups[kind].items()}
+        else:
+            kind = self.view
+            groups = self._groups[kind]
+        # Nodes by name; statuses and collectives biggest first.
+        by_size = kind != "node"
+        order = sorted(groups.items(), key=lambda i: (-len(i[1]) if by_size else 0, i[0]))
+        if unknown:
+            order.append((_UNKNOWN, set(unknown)))
+        for key, members in order:
+            if not members:
+                continue
+            group_kind = "unknown" if key is _UNKNOWN else kind
+            group = GroupRow(group_kind, key, members, expanded=(group_kind, *key) in self.expanded)
+            entries.append(group)
+            if group.expanded:
+                entries.extend(sorted(members))
+        return RowSequence(self, entries, by_rank=False)
+
+    def row(self, rank: int) -> RankRow:
+        """The row of *rank*, as ``build_rows`` makes it (memoized while the rank is unchanged)."""
+        view = self.model.ranks.get(rank)
+        if view is None:
+            return RankRow(rank=rank, status=Status.UNKNOWN)
+        status, f, leads = self.statuses[rank], self._facts[rank], self.leads
+        hit = self._memo.get(rank)
+        if hit is not None and hit[0] == view.version and hit[1] is view.state and hit[2] == status:
+            built = hit[3]
+        else:
+            built = _row(view, status, f)
+            self._memo[rank] = (view.version, view.state, status, built)
+        built.marks = marks_of(f, leads)
+        built.seq_lag = leads.max_seq - built.seq if built.seq is not None else 0
+        return built
+
+    def every_row(self) -> list[RankRow]:
+        """Every rank's row in rank order (a sort by another column, a filter: O(ranks))."""
+        return [self.row(r) for r in self._known()[0]]
+
+    def filled(self, group: GroupRow) -> GroupRow:
+        """*group* with its counts and ranges (computed once, when it is painted)."""
+        if group.status_counts:
+            return group
+        members = group.ranks
+        if group.kind == "unknown":
+            group.status_counts = {Status.UNKNOWN.value: len(members)}
+            return group
+        group.status_counts = dict(Counter(map(self.statuses.__getitem__, members)))
+        steps = self._step.keys() & members
+        if steps:
+            values = list(map(self._step.__getitem__, steps))
+            group.step_lo, group.step_hi = min(values), max(values)
+        seqs = self._seq.keys() & members
+        if seqs:
+            values = list(map(self._seq.__getitem__, seqs))
+            group.seq_lo, group.seq_hi = min(values), max(values)
+        key = group.key
+        if group.kind in ("collective", "rest") and key[-1] != COMPUTING:
+            group.pending = f"{key[-2]} #{key[-1]}"
+            waiting = self._age.keys() & members
+            group.oldest_wait_s = max(map(self._age.__getitem__, waiting)) if waiting else None
+        marked = self.marks.keys() & members
+        group.marks = list(dict.fromkeys(m for r in sorted(marked) for m in self.marks[r]))
+        return group
+
+    def cycle(self) -> str:
+        """The next view of :data:`VIEWS`; returns its name."""
+        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
+        return self.view
+
+    def toggle(self, key: tuple[str, ...]) -> None:
+        """Expand or fold the group ``(kind, *key)``."""
+        self.expanded ^= {key}
+
+
+def _worst(status: str, marks: list[str]) -> int:
+    return _WORST.get(status, 3 if MISMATCH in marks else 4)
+
+
+def _majority(counts: Counter[int]) -> int | None:
+    top = counts.most_common(2)
+    if not top or (len(top) > 1 and top[0][1] == top[1][1]):
+        return None
+    return top[0][0]
+
+
+def _set(values: dict[int, int] | dict[int, float], rank: int, value: float | None) -> None:
+    if value is None:
+        values.pop(rank, None)
+    else:
+        values[rank] = value  # type: ignore[assignment]
+
+
+def _flag(members: set[int], rank: int, on: bool) -> None:
+    if on:
+        members.add(rank)
+    else:
+        members.discard(rank)
+
+
+def _move(of: dict[int, int], counts: Counter[int], ranks: dict[int, set[int]], rank: int,
+          value: int | None) -> None:
+    before = of.pop(rank, None)
+    if before is not None:
+        counts[before] -= 1
+        if not counts[before]:
+            del counts[before]
+        ranks[before].discard(rank)
+        if not ranks[before]:
+            del ranks[before]
+    if value is not None:
+        of[rank] = value
+        counts[value] += 1
+        ranks.setdefault(value, set()).add(rank)
+
+
+def _count(ops: dict[int, Counter[str]], ranks: dict[tuple[int, str], set[int]], rank: int,
+           op: tuple[int, str], delta: int) -> None:
+    counts = ops.setdefault(op[0], Counter())
+    counts[op[1]] += delta
+    if delta > 0:
+        ranks.setdefault(op, set()).add(rank)
+        return
+    if not counts[op[1]]:
+        del counts[op[1]]
+        if not counts:
+            del ops[op[0]]
+    members = ranks[op]
+    members.discard(rank)
+    if not members:
+        del ranks[op]

@@ -1,0 +1,134 @@
+"""RowIndex (the rank table above GROUP_FROM_RANKS ranks) against build_rows.
+
+In the ``ranks`` view its rows must be exactly what build_rows makes, read after random
+event streams (ranks that step, enter collectives, disagree, go silent, crash, get lost),
+refreshed between events as the dashboard does; its odd view lists the marked ranks first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddptop.model.job import JobModel
+from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, StateMsg
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.row_index import RowIndex, RowSequence
+from ddptop.tui.rows import GroupRow, RankRow, build_rows
+from ddptop.tui.widgets.rank_table import RankTable
+from tests.probes_tui.fakes import NOW, state
+
+RANKS = 24
+
+states = st.builds(
+    lambda r, step, seq, bpe, op, stuck, host, age: RecordEntry(
+        time=NOW - age, rank=r, message=StateMsg(state=state(
+            r, step=step, seq=seq, bpe=bpe, op=op, op_seq=seq + 1 if op else None, stuck=stuck,
+            host=host, world=RANKS + 2, t=NOW - age))),
+    st.integers(0, RANKS - 1), st.integers(98, 100), st.integers(298, 300),
+    st.sampled_from([64, 64, 57, None]),
+    st.sampled_from([None, None, "gloo:all_reduce", "gloo:all_gather"]), st.booleans(),
+    st.sampled_from(["node-a", "node-b"]), st.sampled_from([0.0, 0.5, 30.0]))
+others = st.one_of(
+    st.builds(lambda r: ConnectionEvent(time=NOW, rank=r, status="lost", reason="x"), st.integers(0, RANKS)),
+    st.builds(lambda r, sig: RankExit(time=NOW, rank=r, pid=1000 + r, signal=sig),
+              st.integers(0, RANKS - 1), st.sampled_from(["SIGSEGV", "SIGTERM"])))
+streams = st.lists(st.tuples(st.one_of(states, states, states, others), st.booleans()),
+                   min_size=1, max_size=60)
+
+
+def _rows(index: RowIndex, now: float) -> list[RankRow]:
+    shown = list(index.refresh(now))
+    assert all(isinstance(r, RankRow) for r in shown)
+    return [r for r in shown if isinstance(r, RankRow)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams)
+def test_ranks_view_equals_build_rows(stream: list[tuple[Event, bool]]) -> None:
+    model = JobModel()
+    index = RowIndex(model, view="ranks")
+    for event, read in stream:
+        model.apply(event)
+        if read:
+            assert _rows(index, NOW) == build_rows(model, NOW)
+    for now in (NOW, NOW + 10.0):
+        assert _rows(index, now) == build_rows(model, now)
+
+
+@settings(max_examples=80, deadline=None)
+@given(streams)
+def test_odd_view_lists_every_marked_rank_then_groups_the_rest(stream: list[tuple[Event, bool]]) -> None:
+    model = JobModel()
+    index = RowIndex(model, view="odd")
+    for event, _ in stream:
+        model.apply(event)
+    shown = list(index.refresh(NOW))
+    expected = build_rows(model, NOW)
+    marked = {r.rank for r in expected if r.marks}
+    odd = [r for r in shown if isinstance(r, RankRow)]
+    assert {r.rank for r in odd} == marked and shown[:len(odd)] == odd
+    groups = [g for g in shown if isinstance(g, GroupRow)]
+    assert sum(g.count for g in groups) + len(odd) == len(expected)
+    assert {r.rank: r for r in expected if r.marks} == {r.rank: r for r in odd}
+
+
+def test_odd_rank_first_and_groups_expand() -> None:
+    model = JobModel()
+    for r in range(40):
+        odd = r == 17
+        model.apply(RecordEntry(time=NOW, rank=r, message=StateMsg(state=state(
+            r, op="gloo:all_gather" if odd else "gloo:all_reduce", op_seq=301, world=40,
+            host=f"node-{r // 8}"))))
+    index = RowIndex(model)
+    shown = index.refresh(NOW)
+    first = shown[0]
+    assert isinstance(first, RankRow) and first.rank == 17 and "MISMATCH" in first.marks
+    group = shown[1]
+    assert isinstance(group, GroupRow) and group.count == 39 and group.pending == "all_reduce #301"
+    index.toggle(("rest", *group.key))
+    shown = index.refresh(NOW)
+    assert len(shown) == 41 and shown.index_of(18) == 19 and shown.index_of(17) == 0
+    assert [index.cycle() for _ in range(5)] == ["node", "status", "collective", "ranks", "odd"]
+    index.view = "node"
+    nodes = list(index.refresh(NOW))
+    assert [g.key for g in nodes if isinstance(g, GroupRow)] == [(f"node-{i}",) for i in range(5)]
+
+
+def test_app_at_2048_ranks_odd_first_views_cycle_and_groups_expand() -> None:
+    """The real app above GROUP_FROM_RANKS: the odd rank is the first row, ``g`` cycles the
+    views, Enter on a group row expands it in place."""
+    from tests.probes_tui.fakes import FakeSource, entries
+    from tests.test_tui_app import SIZE, table_lines, until
+
+    n, odd = 2048, 1234
+    states = [state(r, op="gloo:all_gather" if r == odd else "gloo:all_reduce", op_seq=301, world=n,
+                    host=f"node-{r // 8:03d}") for r in range(n)]
+
+    async def go() -> None:
+        app = DdptopApp(FakeSource(entries(states)), clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one(RankTable)
+
+            def first_two() -> tuple[object, object] | None:
+                rows = table.shown_rows
+                return (rows[0], rows[1]) if len(app.model.ranks) == n and len(rows) >= 2 else None
+
+            await until(pilot, lambda: (two := first_two()) is not None and isinstance(two[0], RankRow)
+                        and two[0].rank == odd and isinstance(two[1], GroupRow) and two[1].count == n - 1, 30)
+            lines = table_lines(app)
+            assert lines[1].split()[0] == str(odd) and "MISMATCH" in lines[1]
+            assert "2,047 ranks" in lines[2] and "all_reduce #301" in lines[2]
+            for view in ("node", "status", "collective", "ranks", "odd"):
+                await pilot.press("g")
+                await until(pilot, lambda v=view: app._index is not None and app._index.view == v, 10)
+            await until(pilot, lambda: len(table.shown_rows) == 2, 10)
+            await pilot.press("down")
+            await pilot.press("enter")
+            await until(pilot, lambda: len(table.shown_rows) == 2 + n - 1, 10)
+            assert isinstance(table.current_row, GroupRow) and table.current_row.expanded
+            assert table.shown_rows.index_of(0) == 2 if isinstance(table.shown_rows, RowSequence) else False
+
+    asyncio.run(go())
