@@ -88,6 +88,7 @@ def test_odd_rank_first_and_groups_expand() -> None:
     assert isinstance(first, RankRow) and first.rank == 17 and "MISMATCH" in first.marks
     group = shown[1]
     assert isinstance(group, GroupRow) and group.count == 39 and group.pending == "all_reduce #301"
+    assert group.status_counts == {"running": 39}
     index.toggle(("rest", *group.key))
     shown = index.refresh(NOW)
     assert len(shown) == 41 and shown.index_of(18) == 19 and shown.index_of(17) == 0

@@ -80,8 +80,32 @@ class StatusIndex:
         # New ranks past the last one keep the dict in rank order; others (an attach in any
         # order) re-sort it once.
         ordered = not new or not base or new[0] > next(reversed(base))
+        received_of, buckets = self._received, self._buckets
         for rank in dirty:
             view = ranks[rank]
+            st = view.state
+            # The usual change: a running rank's new sample, received within the same second
+            # as its bucket's (or the next). Inline: 8,192 of these per redraw at 32,768 ranks.
+            if st is not None and view.connection == _CONNECTED and view.exit is None \
+                    and st.status not in FINAL and rank in received_of:
+                before = math.floor(received_of[rank])
+                after = math.floor(view.received_at)
+                received_of[rank] = view.received_at
+                if before != after:
+                    bucket = buckets[before]
+                    bucket.discard(rank)
+                    if not bucket:
+                        del buckets[before]
+                        del self._keys[bisect_left(self._keys, before)]
+                    moved = buckets.get(after)
+                    if moved is None:
+                        moved = buckets[after] = set()
+                        insort(self._keys, after)
+                    moved.add(rank)
+                if self._ends.pop(rank, None) is not None:
+                    ends_changed = True
+                base[rank] = st.status
+                continue
             self._unbucket(rank)
             ended = None if _running(view) else view.ending()
             if ended is None:

@@ -68,6 +68,7 @@ class HeaderFacts:
         self._dirty = model.watch_dirty()
         self._dirty.update(model.ranks)
         self._seen: set[int] = set()
+        self._sign: dict[int, tuple[str, float, int, int, str] | None] = {}
         self._host: dict[int, str] = {}
         self._hosts: Counter[str] = Counter()
         self._sorted_hosts: list[str] = []
@@ -91,9 +92,15 @@ class HeaderFacts:
         moved_hosts = False
         start, world, backend = self._extremes
         redo = False
+        views, signs = self.model.ranks, self._sign
         for rank in self._dirty:
+            st = views[rank].state
+            # Most changes are a new sample of an unchanged identity: one tuple compare.
+            sign = None if st is None else (st.host, st.start_time, st.world_size, st.rank, st.backend)
+            if rank in signs and signs[rank] == sign:
+                continue
+            signs[rank] = sign
             self._seen.add(rank)
-            st = self.model.ranks[rank].state
             old_host = self._host.pop(rank, None)
             if old_host is not None:
                 self._hosts[old_host] -= 1
