@@ -19,6 +19,7 @@ HELP_TEXT = """\
   /               filter: rank (3), range (0-7), host, status or flag; empty clears
   p               pause / resume updates   r       refresh now
   e               export a diagnosis bundle (or a JSON snapshot)
+  g               from 1,024 ranks: odd ranks first / by node / status / collective / all
   ?               this help                q       quit (Escape closes screens)
 
 [b]replay[/b]   ← →  step one recorded moment   Home End  start / end
