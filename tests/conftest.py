@@ -1,16 +1,18 @@
-"""Shared fixtures: real jobs with guaranteed clean-up, private runtime directories."""
+"""Shared fixtures: real jobs, generators and viewers, always cleaned up; private runtime directories."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from ddptop.testing.synthetic import SyntheticProcess
 from tests.jobs import JobRunner
+from tests.watched import Watched
 
 SNAPSHOT_REPORT_DEFAULT = "snapshot_report.html"  # pytest-textual-snapshot's --snapshot-report
 
@@ -33,6 +35,35 @@ def job_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobR
         yield runner
     finally:
         runner.stop_all()
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[..., Watched]]:
+    """Start viewers: ``watch(job_id, digest=False)``; every one is stopped after the test."""
+    started: list[Watched] = []
+
+    def start(job_id: str, digest: bool = False) -> Watched:
+        w = Watched(job_id, digest)
+        started.append(w)
+        w.source.start(w.emit)
+        return w
+
+    try:
+        yield start
+    finally:
+        for w in started:
+            w.source.stop()
+
+
+@pytest.fixture
+def generators() -> Iterator[list[SyntheticProcess]]:
+    """Subprocess generators a test started: each stopped (its process group killed) after."""
+    started: list[SyntheticProcess] = []
+    try:
+        yield started
+    finally:
+        for gen in started:
+            gen.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:

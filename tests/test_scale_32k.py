@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,25 +25,15 @@ N, PER_NODE = 32768, 8
 INTERVAL_S = 2.0  # the generator's 32,768 states per sample take about a second to build here
 
 
-@pytest.fixture
-def generator() -> Iterator[list[SyntheticProcess]]:
-    started: list[SyntheticProcess] = []
-    try:
-        yield started
-    finally:
-        for gen in started:
-            gen.stop()
-
-
 @pytest.mark.slow
 def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_agents(
-        runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, generator: list[SyntheticProcess]) -> None:
+        runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, generators: list[SyntheticProcess]) -> None:
     monkeypatch.setenv("DDPTOP_VIA", "agent")
     ensure_fd_limit(N // PER_NODE + 512)  # this viewer: one socket per node agent
     gen = run_in_subprocess(N, "big", "hang", INTERVAL_S, runtime_dir, seed=7, ready_timeout=300,
                             extra_args=("--agents-only", "--ranks-per-agent", str(PER_NODE),
                                         "--desync-after", "4"))
-    generator.append(gen)
+    generators.append(gen)
     banner = re.search(r"odd rank (\d+), event at ([\d.]+)", gen.banner)
     assert banner, gen.banner
     odd = int(banner[1])

@@ -12,69 +12,31 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ddptop.client.connection import RankConnection
-from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.client.watch import live_snapshot
 from ddptop.errors import UsageError
-from ddptop.model.job import LOST, JobModel
-from ddptop.protocol import Event, Request, StateMsg
+from ddptop.model.job import LOST
+from ddptop.protocol import Request, StateMsg
 from ddptop.reporter.collectives import pending_from_fr
 from ddptop.testing.synthetic import FakeRanks, SyntheticJob, ensure_fd_limit, run_in_subprocess
 from ddptop.wire import HEADER, LENGTH, encode_frame, header_bytes
 from tests.jobs import wait_until
+from tests.watched import Watched
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Attached:
-    """A LiveSource feeding a JobModel under a lock, as the dashboard does."""
-
-    def __init__(self, job_id: str) -> None:
-        self.model = JobModel()
-        self.lock = threading.Lock()
-        self.source = LiveSource(resolve(job_id), connect_timeout=5.0)
-
-    def emit(self, event: Event) -> None:
-        with self.lock:
-            self.model.apply(event)
-
-    def read(self, fn: Callable[[JobModel], object]) -> object:
-        with self.lock:
-            return fn(self.model)
-
-    def with_state(self) -> int:
-        return int(str(self.read(lambda m: sum(1 for v in m.ranks.values() if v.state is not None))))
-
-
-@pytest.fixture
-def attach() -> Iterator[Callable[[str], Attached]]:
-    started: list[Attached] = []
-
-    def start(job_id: str) -> Attached:
-        att = Attached(job_id)
-        started.append(att)
-        att.source.start(att.emit)
-        return att
-
-    try:
-        yield start
-    finally:
-        for att in started:
-            att.source.stop()
-
-
 def test_live_source_gets_64_ranks_with_evolving_values(runtime_dir: Path,
-                                                        attach: Callable[[str], Attached]) -> None:
+                                                        watch: Callable[..., Watched]) -> None:
     with SyntheticJob(64, "syn64", interval_s=0.2, runtime_dir=runtime_dir, steps_per_s=5.0):
-        att = attach("syn64")
+        att = watch("syn64")
         wait_until(lambda: att.with_state() == 64, 20, "state from all 64 ranks")
         first = att.read(lambda m: {r: (v.state.step, v.state.collectives[0].seq)  # type: ignore[union-attr]
                                     for r, v in m.ranks.items()})
@@ -160,9 +122,9 @@ def test_stall_all_ranks_pending_in_the_first_collective(runtime_dir: Path) -> N
         assert [(p.seq, p.op) for p in s.collectives[0].pending] == [(1, "gloo:broadcast")]
 
 
-def test_lost_rank_turns_lost_in_the_model(runtime_dir: Path, attach: Callable[[str], Attached]) -> None:
+def test_lost_rank_turns_lost_in_the_model(runtime_dir: Path, watch: Callable[..., Watched]) -> None:
     with SyntheticJob(8, "lost", "lost", interval_s=0.2, runtime_dir=runtime_dir, lost_after_s=1.5) as job:
-        att = attach("lost")
+        att = watch("lost")
         wait_until(lambda: att.with_state() == 8, 20, "state from all 8 ranks")
         odd = job.odd_rank
         wait_until(lambda: att.read(lambda m: m.view(odd).status(time.time())) == LOST, 20, "rank lost")

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.client.watch import live_snapshot
 from ddptop.diagnosis import findings_for_model
 from ddptop.diagnosis.finding import Finding
 from ddptop.errors import UsageError
-from ddptop.model.job import STALE, JobModel
-from ddptop.protocol import Event, StuckReport
+from ddptop.model.job import STALE
+from ddptop.protocol import StuckReport
 from ddptop.testing.synthetic import (
     SyntheticJob,
     SyntheticProcess,
@@ -33,6 +31,7 @@ from ddptop.testing.synthetic import (
     run_in_subprocess,
 )
 from tests.jobs import wait_until
+from tests.watched import Watched
 
 HARD_LIMIT_HERE = 20_000  # `ulimit -Hn` of the machines this project runs on
 
@@ -40,53 +39,6 @@ HARD_LIMIT_HERE = 20_000  # `ulimit -Hn` of the machines this project runs on
 @pytest.fixture
 def via_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDPTOP_VIA", "agent")
-
-
-@pytest.fixture
-def generators() -> Iterator[list[SyntheticProcess]]:
-    started: list[SyntheticProcess] = []
-    try:
-        yield started
-    finally:
-        for gen in started:
-            gen.stop()
-
-
-class Watched:
-    """A LiveSource folding into a JobModel under a lock, as the dashboard does."""
-
-    def __init__(self, job_id: str, digest: bool = False) -> None:
-        self.model, self.lock = JobModel(), threading.Lock()
-        self.source = LiveSource(resolve(job_id), connect_timeout=5.0, digest=digest)
-
-    def pulses(self) -> int:
-        """States this viewer rebuilt from its agents' digests (0: it got a frame per state)."""
-        return sum(p.digest.pulses for p in self.source._agent_peers if p.digest is not None)
-
-    def emit(self, event: Event) -> None:
-        with self.lock:
-            self.model.apply(event)
-
-    def read(self, fn: Callable[[JobModel], object]) -> object:
-        with self.lock:
-            return fn(self.model)
-
-
-@pytest.fixture
-def watch() -> Iterator[Callable[..., Watched]]:
-    started: list[Watched] = []
-
-    def start(job_id: str, digest: bool = False) -> Watched:
-        w = Watched(job_id, digest)
-        started.append(w)
-        w.source.start(w.emit)
-        return w
-
-    try:
-        yield start
-    finally:
-        for w in started:
-            w.source.stop()
 
 
 def test_fd_math_fits_32768_ranks_only_behind_agents() -> None:
