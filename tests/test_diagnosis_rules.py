@@ -432,6 +432,11 @@ def test_unequal_batches_without_a_majority_names_every_rank() -> None:
     f = only(diagnose(snap(states), {}, NOW), "unequal_batches")
     assert f.ranks == [0, 1, 2, 3]
     assert "rank 1 runs out after 44 batches" in f.evidence[1]
+    # At its last batch: "out now", never "about 0ms".
+    states = [rank(r, batches_per_epoch=c, batch=44 if r == 1 else 10)
+              for r, c in enumerate((67, 44, 63, 65))]
+    f = only(diagnose(snap(states), {}, NOW), "unequal_batches")
+    assert "0 left in epoch" in f.evidence[1] and "out now" in f.evidence[1] and "0ms" not in f.evidence[1]
 
 
 @pytest.mark.parametrize("times", [[], [5.0], [1.0, 2.0, 2.0, 3.0, 7.5], list(range(0, 700, 1))])

@@ -58,9 +58,10 @@ def _unequal_train(snapshot: JobSnapshot) -> list[Finding]:
     lead = by_rank[first_out[0]]
     left = shortest - lead.batch
     if lead.step_time_s and left >= 0:
+        # None left is "now", never "about 0ms" (the screenshot of the F5 job said so).
+        when = "out now" if left == 0 else f"about {human_duration(left * lead.step_time_s)}"
         evidence.append(f"{ranks_text(first_out)} runs out after {shortest} batches: {left} left in epoch "
-                        f"{lead.epoch}, about {human_duration(left * lead.step_time_s)} at "
-                        f"{lead.step_time_s:.3f} s/step")
+                        f"{lead.epoch}, {when} at {lead.step_time_s:.3f} s/step")
     rng = _numpy_rng_note(list(by_rank.values()))
     if rng:
         evidence.append(rng)
