@@ -194,6 +194,27 @@ def test_collective_mismatch_same_op_different_sizes() -> None:
     assert only(diagnose(snap(states), {}, NOW), "collective_mismatch").ranks == [1]
 
 
+def test_collective_mismatch_waits_for_peers_that_could_turn_a_tie() -> None:
+    """Seen in CI (F5): two of four ranks pending, one per side; the late two decide which is odd."""
+    early = [in_collective(2, 102, op="gloo:all_gather", age=2.2), in_collective(3, 102, age=1.5)]
+    quiet = [at_seq(r, 102, changed_ago=1.5) for r in (0, 1)]  # entered, pending op not read yet
+    assert "collective_mismatch" not in kinds(diagnose(snap(early + quiet), {}, NOW))
+    heard = early + [in_collective(r, 102, age=1.5) for r in (0, 1)]
+    f = only(diagnose(snap(heard), {}, NOW), "collective_mismatch")
+    assert f.ranks == [2] and "cannot be told" not in f.title and "not heard" not in f.title
+    # Peers that never show a pending op do not hold the finding back past the stall threshold.
+    old = [in_collective(2, 102, op="gloo:all_gather", age=6.0), in_collective(3, 102, age=6.0)]
+    f = only(diagnose(snap(old + quiet), {}, NOW), "collective_mismatch")
+    assert "2 of the group not heard from" in f.title
+
+
+def test_collective_mismatch_two_against_two_says_it_cannot_tell() -> None:
+    states = [in_collective(r, 7, op="gloo:all_gather" if r >= 2 else "gloo:all_reduce", age=0.5)
+              for r in range(4)]
+    f = only(diagnose(snap(states), {}, NOW), "collective_mismatch")
+    assert f.ranks == [2, 3] and "which one diverged cannot be told" in f.title
+
+
 def test_collective_stall_names_the_rank_that_never_entered() -> None:
     states = [in_collective(r, 37) for r in range(3)] + [at_seq(3, 36, changed_ago=20.0)]
     f = only(diagnose(snap(states), {}, NOW), "collective_stall")

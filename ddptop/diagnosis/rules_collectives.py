@@ -65,7 +65,16 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
             kinds = Counter(_key(e.op) for e in entries)
             if len(entries) < 2 or len(kinds) < 2:
                 continue
-            major = kinds.most_common(1)[0][0]
+            (major, most), (_, second) = kinds.most_common(2)
+            oldest = max(e.age for e in entries)
+            # Peers not heard from yet (in the group, no pending op at this seq) could still
+            # join either side: the smaller side is named once no late peer can change which
+            # it is, or once the wait is old enough that they are not coming (seen in CI: two of
+            # four ranks pending, one per side, named the wrong one by insertion order).
+            unheard = _unheard(states, pg, seq, entries)
+            settled = most > second + unheard
+            if not settled and unheard and oldest < config.stall_s:
+                continue
             sides: dict[tuple[str, str], list[_Entry]] = {}
             for e in entries:
                 sides.setdefault(_key(e.op), []).append(e)
@@ -73,10 +82,14 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                      + (f" {op_tensors(es[0].op.sizes, es[0].op.dtype)}" if es[0].op.sizes else "")
                      for _, es in sorted(sides.items(), key=lambda kv: kv[0] != major)]
             odd = sorted(e.rank for e in entries if _key(e.op) != major)
-            oldest = max(e.age for e in entries)
+            caveat = ""
+            if most == second and not unheard:
+                caveat = " (as many ranks on each side: which one diverged cannot be told)"
+            elif not settled:
+                caveat = f" ({unheard} of the group not heard from: which side diverged is not certain)"
             out.append(Finding(
                 kind="collective_mismatch", severity="critical", ranks=odd,
-                title=f"collective mismatch in group {pg} at #{seq}: " + "; ".join(parts),
+                title=f"collective mismatch in group {pg} at #{seq}: " + "; ".join(parts) + caveat,
                 evidence=[f"rank {e.rank}: {op_text(e.op)} #{seq}, waiting {human_duration(e.age)}"
                           for e in sorted(entries, key=lambda e: e.rank)]
                 + [f"these ranks entered collective #{seq} with different calls: it can never complete"
@@ -88,6 +101,14 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                 since=now - oldest,
             ))
     return out
+
+
+def _unheard(states: list[RankState], pg: str, seq: int, entries: list[_Entry]) -> int:
+    """How many of *pg*'s ranks show no pending op at *seq*: reporting without one, or not reporting."""
+    heard = {e.rank for e in entries}
+    groups = [g for s in states if (g := group(s, pg)) is not None]
+    members = max([len(groups)] + [g.size for g in groups])
+    return max(0, members - len(heard))
 
 
 def _key(op: PendingOp) -> tuple[str, str]:
