@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event, FrTraceMsg, StacksMsg
 
 Emit = Callable[[Event], None]
+# Where the node agents' digest lane goes (ddptop.digest.PulseBatch, one per node digest): a
+# consumer that folds into a JobModel takes the batches as they are, in order with its events.
+PulseSink = Callable[[PulseBatch], None]
 
 
 class StacksResult:
@@ -31,8 +35,9 @@ class JobSource(Protocol):
     live: bool
     description: str
 
-    def start(self, emit: Emit) -> None:
-        """Begin emitting events from a background thread; returns at once."""
+    def start(self, emit: Emit, pulses: PulseSink | None = None) -> None:
+        """Begin emitting events from a background thread; returns at once. Pulses of the
+        digest lane go to *pulses*, or through *emit* as whole states when it is None."""
 
     def stop(self) -> None:
         """Stop emitting and release every resource (idempotent)."""

@@ -10,6 +10,7 @@ from msgspec.structs import replace
 from ddptop import digest
 from ddptop.agent.digest import DigestBuilder
 from ddptop.client.digest_view import DigestView
+from ddptop.digest import PulseBatch
 from ddptop.protocol import (
     CollectiveGroup,
     Event,
@@ -62,8 +63,14 @@ def same(a: RankState, b: RankState) -> bool:
         digest.pulse_of(a, 0.0) == digest.pulse_of(b, 0.0)
 
 
-def states_of(events: list[Event]) -> list[RankState]:
-    return [e.message.state for e in events if isinstance(e, RecordEntry) and isinstance(e.message, StateMsg)]
+def entries_of(events: list[Event | PulseBatch]) -> list[Event]:
+    """*events* with each pulse batch as the whole states its pulses stand for."""
+    return [e for x in events for e in (x.entries() if isinstance(x, PulseBatch) else [x])]
+
+
+def states_of(events: list[Event | PulseBatch]) -> list[RankState]:
+    return [e.message.state for e in entries_of(events)
+            if isinstance(e, RecordEntry) and isinstance(e.message, StateMsg)]
 
 
 def test_every_sample_comes_back_as_the_rank_sent_it() -> None:
@@ -132,7 +139,7 @@ def test_times_move_onto_the_viewers_clock_and_a_rank_it_never_had_is_asked_for(
     d = over_the_wire(builder.flush(NOW + 1.5))
     events, repair = view.expand(d, shift=10.0)
     # Rank 1's first state is a detail (the agent never told anyone of it): shown at once.
-    assert [(e.rank, round(e.time - NOW, 3)) for e in events] == [(0, 11.0), (1, 11.0)]
+    assert [(e.rank, round(e.time - NOW, 3)) for e in entries_of(events)] == [(0, 11.0), (1, 11.0)]
     assert repair == []
     view.copies.pop(1)
     builder.add(entry(state(1, 2)))

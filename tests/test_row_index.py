@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddptop.agent.digest import DigestBuilder
+from ddptop.client.digest_view import DigestView
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, StateMsg
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.row_index import RowIndex, RowSequence
 from ddptop.tui.rows import GroupRow, RankRow, build_rows
+from ddptop.testing.synthetic_ranks import FakeRanks
 from ddptop.tui.widgets.rank_table import RankTable
 from tests.probes_tui.fakes import NOW, state
 
@@ -133,3 +137,38 @@ def test_app_at_2048_ranks_odd_first_views_cycle_and_groups_expand() -> None:
             assert table.shown_rows.index_of(0) == 2 if isinstance(table.shown_rows, RowSequence) else False
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("scenario", ["healthy", "hang", "desync", "silent"])
+def test_rows_from_pulses_not_merged_equal_rows_from_whole_states(scenario: str) -> None:
+    """The digest lane's model keeps pulses unmerged (JobModel, PulseBatch) and the index reads
+    them as they are: its rows equal build_rows over a model fed the same states whole."""
+    t0 = NOW - 20.0
+    fake = FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0)
+    builders = [DigestBuilder(f"node-{n}") for n in range(fake.n_nodes)]
+    views = [DigestView() for _ in builders]
+    lane, whole = JobModel(), JobModel()
+    index = RowIndex(lane, view="ranks")
+    for n, builder in enumerate(builders):
+        catch_up = [RecordEntry(time=t0, rank=r, message=StateMsg(state=fake.state(r, 0)))
+                    for r in fake.node_ranks(n)]
+        builder.seed(catch_up)
+        for entry in catch_up:
+            views[n].whole(entry)
+            lane.apply(entry)
+            whole.apply(entry)
+    for tick in range(1, 9):
+        now = t0 + tick
+        for n, builder in enumerate(builders):
+            for r in fake.node_ranks(n):
+                if fake.heard_tick(r, tick) != tick:
+                    continue  # silent: no state this tick
+                entry = RecordEntry(time=now, rank=r, message=StateMsg(state=fake.state(r, tick)))
+                whole.apply(entry)
+                assert not builder.add(entry)
+            events, repair = views[n].expand(builder.flush(now), 0.0)
+            assert repair == []
+            for event in events:
+                lane.apply(event)
+        assert any(v.pulse is not None for v in lane.ranks.values())
+        assert _rows(index, now) == build_rows(whole, now), tick

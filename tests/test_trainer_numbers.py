@@ -220,7 +220,7 @@ def test_rank_detail_lists_every_loader() -> None:
     """The detail screen names each loader, its role, length and pass."""
     state = rank(0, 2, loaders=[*_loaders(1250, 40), LoaderInfo(index=2, name="DataLoader(Test)",
                                                                  worker_pids=[4242], workers=1)])
-    view = RankView(rank=0, state=state)
+    view = RankView(rank=0, base=state)
     text = detail_text(view, "running", NOW).plain
     assert "#0 eval  DataLoader(Val)  batch 0/40" in text
     assert "#1 train DataLoader(Train)  batch 0/1250" in text and "steps 9" in text

@@ -19,7 +19,7 @@ from ddptop.bundle.record_dir import read_recording
 from ddptop.diagnosis import findings_for_model
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event, FrTraceMsg
-from ddptop.source import Emit, StacksResult
+from ddptop.source import Emit, PulseSink, StacksResult
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,9 @@ class ReplaySource:
 
     # ------------------------------------------------------------ JobSource
 
-    def start(self, emit: Emit) -> None:
+    def start(self, emit: Emit, pulses: PulseSink | None = None) -> None:
         """Nothing streams in replay: the app pulls ``model_at``; kept for the protocol."""
-        del emit  # never called: a replay has no events after the file was read
+        del emit, pulses  # never called: a replay has no events after the file was read
 
     def stop(self) -> None:
         """Nothing to release (the file was read whole at open)."""

@@ -3,10 +3,11 @@
 A node agent that lists ``"digest"`` in its Hello sends a viewer that asked for it one
 :class:`~ddptop.protocol.NodeDigest` per interval instead of a frame per rank per sample
 (:mod:`ddptop.agent.digest`). :class:`DigestView` keeps, per rank the agent serves, the
-viewer's copy of its last detail and lays each pulse over it (:func:`ddptop.digest.merged`),
-so what leaves here are the very events a subscribed viewer folds: one
-``RecordEntry(StateMsg)`` per sample, exact on every field a rule or a column reads, on the
-viewer's clock. The model, the diagnosis and the recording are unchanged by the lane.
+viewer's copy of its last detail, and hands each pulse on with the detail it lies on, one
+:class:`~ddptop.digest.PulseBatch` per digest: the model merges a rank's newest pair only
+when something reads its state (:func:`ddptop.digest.merged`), which gives the very state a
+subscribed viewer would hold, exact on every field a rule or a column reads, on the viewer's
+clock. The diagnosis and the table read the model as before.
 
 Gaps are repaired, never guessed over: a digest that did not arrive (its number skipped: the
 agent's output cap dropped it) or a pulse whose detail the viewer does not hold leaves the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddptop.digest import merged
+from ddptop.digest import Milestones, PulseBatch, with_milestones
 from ddptop.protocol import Event, NodeDigest, RankState, RecordEntry, StateMsg
 
 MAX_REPAIR_RANKS = 4096  # ranks asked again in one request (Request.ranks is bounded)
@@ -25,11 +26,13 @@ MAX_REPAIR_RANKS = 4096  # ranks asked again in one request (Request.ranks is bo
 
 @dataclass
 class _Copy:
-    """The viewer's copy of one rank: the state pulses are laid over, and its detail number
-    (None: a whole state from a catch-up or a repair, which fits whatever pulse comes next)."""
+    """The viewer's copy of one rank: the state pulses are laid over, its detail number
+    (None: a whole state from a catch-up or a repair, which fits whatever pulse comes next),
+    and the default group's milestones the pulses brought since."""
 
     state: RankState
     detail_no: int | None = None
+    enqueued: Milestones = field(default_factory=list)
 
 
 @dataclass
@@ -49,9 +52,10 @@ class DigestView:
             self.copies[event.rank] = _Copy(event.message.state)
             self.broken.discard(event.rank)
 
-    def expand(self, digest: NodeDigest, shift: float) -> tuple[list[Event], list[int]]:
-        """The per-sample events of *digest* (times moved by *shift*: our clock minus the
-        agent's), and the ranks to ask a fresh state of (a digest or a detail went missing)."""
+    def expand(self, digest: NodeDigest, shift: float) -> tuple[list[Event | PulseBatch], list[int]]:
+        """The events of *digest* (its pulses as one batch, times moved by *shift*: our clock
+        minus the agent's), and the ranks to ask a fresh state of (a digest or a detail went
+        missing)."""
         repair: list[int] = []
         if self.last_no and digest.no != self.last_no + 1:
             # A digest was lost: any rank may have changed its detail in it, so none is shown
@@ -61,7 +65,7 @@ class DigestView:
         self.last_no = digest.no
         details: dict[tuple[int, int], RankState] = {
             (state.rank, no): state for state, no in zip(digest.details, digest.detail_nos, strict=False)}
-        events: list[Event] = []
+        batch = PulseBatch([], [], [])
         at = digest.time + shift
         for pulse in digest.pulses:
             rank = pulse.rank
@@ -78,8 +82,10 @@ class DigestView:
                     self.broken.add(rank)
                 continue
             copy.detail_no = pulse.detail_no
-            copy.state = merged(copy.state, pulse)
+            copy.enqueued = with_milestones(pulse, copy.enqueued)
             self.pulses += 1
-            events.append(RecordEntry(time=at - pulse.heard_ago, rank=rank,
-                                      message=StateMsg(state=copy.state)))
+            batch.times.append(at - pulse.heard_ago)
+            batch.details.append(copy.state)
+            batch.pulses.append(pulse)
+        events: list[Event | PulseBatch] = [batch] if batch.pulses else []
         return events, sorted(repair)[:MAX_REPAIR_RANKS]

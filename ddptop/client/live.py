@@ -25,6 +25,7 @@ from ddptop.client.digest_view import DigestView
 from ddptop.client.handshake import Handshake
 from ddptop.client.live_requests import LiveRequests, Peer
 from ddptop.client.targets import JobTarget
+from ddptop.digest import PulseBatch
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.net import stream
@@ -48,7 +49,7 @@ from ddptop.protocol import (
     StacksMsg,
     StateMsg,
 )
-from ddptop.source import Emit
+from ddptop.source import Emit, PulseSink
 from ddptop.status import silent_after_s
 from ddptop.store.discovery import Endpoint
 from ddptop.wire import encode_frame, header_bytes
@@ -100,6 +101,7 @@ class LiveSource(LiveRequests):
         self._agent_peers: list[Peer] = []  # node agents, each serving a few ranks
         self._via: dict[int, Peer] = {}  # rank -> the node agent's peer that serves it
         self._emit: Emit | None = None
+        self._pulses: PulseSink | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # guards peer output buffers and waiting futures
@@ -119,9 +121,9 @@ class LiveSource(LiveRequests):
         """Connections this source holds: one per rank reached directly, one per node agent."""
         return len(self._peers) + len(self._agent_peers)
 
-    def start(self, emit: Emit) -> None:
+    def start(self, emit: Emit, pulses: PulseSink | None = None) -> None:
         """Connect to every rank (non-blocking) and start the selector thread."""
-        self._emit = emit
+        self._emit, self._pulses = emit, pulses
         for event in ended_before(self.target, time.time()):
             emit(event)
         direct, served = agents.split(self.target.endpoints, self.target.via_agents)
@@ -288,7 +290,13 @@ class LiveSource(LiveRequests):
             if peer.digest is not None:
                 events, repair = peer.digest.expand(message, peer.shift)
                 for event in events:
-                    self._deliver(event)
+                    if not isinstance(event, PulseBatch):
+                        self._deliver(event)
+                    elif self._pulses is not None:
+                        self._deliver_pulses(self._pulses, event)
+                    else:  # a consumer that wants whole events (a recorder) gets states
+                        for whole in event.entries():
+                            self._deliver(whole)
                 if repair:  # a digest or a detail went missing: fresh states replace the copies
                     self._send(peer, Request(command="state", ranks=repair, id=0))
         elif isinstance(message, AgentReply):
@@ -336,6 +344,14 @@ class LiveSource(LiveRequests):
             self._emit(event)
         except Exception as exc:  # a broken consumer must not kill the source
             log.warning("ddptop: event consumer failed: %s", exc)
+
+    def _deliver_pulses(self, sink: PulseSink, batch: PulseBatch) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            sink(batch)
+        except Exception as exc:  # as _deliver: a broken consumer must not kill the source
+            log.warning("ddptop: pulse consumer failed: %s", exc)
 
     def _lost(self, peer: Peer, reason: str) -> None:
         was_ready = peer.ready

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Event, HistoryMsg, RankExit, RecordEntry, StateMsg
 from ddptop.status import FINAL, Status
@@ -60,6 +61,17 @@ class ModelFeed:
             elif isinstance(event, RankExit) or (isinstance(event, ConnectionEvent)
                                                  and event.status == Status.LOST):
                 self.gone.add(event.rank)
+
+    def pulses(self, batch: PulseBatch) -> None:
+        """Fold a digest's pulses (called on the source's thread): each is one state of its rank.
+        A consumer that keeps or tees events gets them as whole states."""
+        if self._tee is not None or self._keep_events:
+            for entry in batch.entries():
+                self.emit(entry)
+            return
+        with self.lock:
+            self.model.apply(batch)
+            self.states.update(p.rank for p in batch.pulses)
 
     def settled(self, ranks: Iterable[int], states: int = 1, history: bool = False) -> int:
         """How many of *ranks* sent at least *states* states (and their history, if

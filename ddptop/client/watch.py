@@ -31,7 +31,7 @@ def watching(target: JobTarget, feed: ModelFeed, *, token: str | None, connect_t
     (*digest*: through the node agents' digest lane where they offer it)."""
     source = LiveSource(target, token=token, connect_timeout=connect_timeout, read_stuck=read_stuck,
                         history=history, digest=digest)
-    source.start(feed.emit)
+    source.start(feed.emit, pulses=feed.pulses)
     try:
         yield source
     finally:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from ddptop.digest import PulseBatch, merged
 from ddptop.model.outcome import Ending, ending_of, exit_fields, first_failure, resolved_status
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
 from ddptop.model.status_index import StatusIndex
@@ -26,6 +27,7 @@ from ddptop.protocol import (
     Message,
     RankExit,
     RankState,
+    Pulse,
     RecordEntry,
     Sample,
     StacksMsg,
@@ -45,7 +47,10 @@ class RankView:
     """Everything the viewer knows about one rank."""
 
     rank: int
-    state: RankState | None = None
+    # The rank's last state is base, or base moved to pulse when a pulse came (the digest
+    # lane): merged only when read (see the state property), as most pulses never are.
+    base: RankState | None = None
+    pulse: Pulse | None = None
     received_at: float = 0.0
     connection: str = CONNECTED
     connection_reason: str = ""
@@ -59,17 +64,38 @@ class RankView:
     # not the state, the history deque and its tail) to find the few ranks that changed.
     version: int = 0
 
+    @property
+    def state(self) -> RankState | None:
+        """The rank's last state (a pulse and its detail are merged here, once)."""
+        if self.pulse is not None:
+            if self.base is not None:
+                self.base = merged(self.base, self.pulse)
+            self.pulse = None
+        return self.base
+
+    @state.setter
+    def state(self, value: RankState | None) -> None:
+        self.base, self.pulse = value, None
+
+    @property
+    def state_time(self) -> float:
+        """When the rank's last state was sampled, on its clock (0: none), without a merge."""
+        if self.pulse is not None:
+            return self.pulse.sample.time
+        return self.base.time if self.base is not None else 0.0
+
     def current_stuck(self) -> StuckReport | None:
         """The stuck report, unless a state arrived after it (the rank answers again)."""
         if self.stuck is None or self.ending() is not None:
             return None
-        if self.state is not None and self.state.time > self.stuck.time:
+        if self.state_time > self.stuck.time:
             return None
         return self.stuck
 
     def ending(self) -> Ending | None:
         """How this rank ended, before job context (None while it runs)."""
-        return ending_of(self.rank, self.exit, self.state,
+        # base: the words of an ending are detail fields, and a pulse never carries last words
+        return ending_of(self.rank, self.exit, self.base,
                          self.lost_at if self.connection == LOST else None)
 
     def status(self, now: float, stale_after_s: float = STALE_AFTER_S) -> str:
@@ -81,11 +107,11 @@ class RankView:
         """The status word of a rank that has not ended (connection, staleness, its own word)."""
         if self.connection == LOST:
             return LOST
-        if self.state is None:
+        if self.base is None:
             return "starting" if self.connection == CONNECTED else self.connection
         if self.connection == STALE or now - self.received_at > stale_after_s:
             return STALE
-        return self.state.status
+        return self.base.status  # a detail field: no merge needed
 
 
 @dataclass
@@ -124,8 +150,11 @@ class JobModel:
             found = self.ranks[rank] = RankView(rank=rank)
         return found
 
-    def apply(self, message: Message, rank: int | None = None, at: float | None = None) -> None:
+    def apply(self, message: Message | PulseBatch, rank: int | None = None, at: float | None = None) -> None:
         """Fold one event into the model (RecordEntry unwraps to its message)."""
+        if isinstance(message, PulseBatch):
+            self._apply_pulses(message)
+            return
         if isinstance(message, RecordEntry):
             self.apply(message.message, message.rank, message.time)
             return
@@ -174,6 +203,32 @@ class JobModel:
             view = self.view(message.rank)
             self._changed(view)
             view.fr_trace = message
+
+    def _apply_pulses(self, batch: PulseBatch) -> None:
+        """A digest's pulses: what a StateMsg of each does, but the state is merged when read.
+        A pulse's detail is a running state (final ones come whole), so the connection is up."""
+        views, sinks = self.ranks, self.dirty_sinks
+        latest = self.last_time
+        for t, detail, pulse in zip(batch.times, batch.details, batch.pulses, strict=True):
+            view = views.get(pulse.rank)
+            if view is None:
+                view = self.view(pulse.rank)
+                self.job_id = self.job_id or detail.job_id
+                self.world_size = max(self.world_size, detail.world_size)
+            view.version += 1
+            for sink in sinks:
+                sink.add(pulse.rank)
+            view.base, view.pulse, view.received_at = detail, pulse, t
+            if view.connection != LOST:
+                view.connection = CONNECTED
+            history, sample = view.history, pulse.sample
+            if not history or history[-1].time < sample.time:
+                history.append(sample)
+            if t > latest:
+                latest = t
+            if not self.first_time or t < self.first_time:
+                self.first_time = t
+        self.last_time = latest
 
     def _touch(self, t: float) -> None:
         if not self.first_time or t < self.first_time:
@@ -264,8 +319,8 @@ class JobModel:
         """A copy whose views are new but share their history deques with this model's (the
         dashboard's background diagnosis: copying 4096 windows of samples cost the UI thread
         20-40 ms; its readers take a deque only through C-level calls, see recent_samples)."""
-        ranks = {r: RankView(v.rank, v.state, v.received_at, v.connection, v.connection_reason, v.history,
-                             v.stacks, v.fr_trace, v.exit, v.lost_at, v.stuck, v.version)
+        ranks = {r: RankView(v.rank, v.base, v.pulse, v.received_at, v.connection, v.connection_reason,
+                             v.history, v.stacks, v.fr_trace, v.exit, v.lost_at, v.stuck, v.version)
                  for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                         first_time=self.first_time, last_time=self.last_time, places=dict(self.places))

@@ -83,7 +83,7 @@ class StatusIndex:
         received_of, buckets = self._received, self._buckets
         for rank in dirty:
             view = ranks[rank]
-            st = view.state
+            st = view.base  # status is a detail field: a pulse waiting to be merged cannot change it
             # The usual change: a running rank's new sample, received within the same second
             # as its bucket's (or the next). Inline: 8,192 of these per redraw at 32,768 ranks.
             if st is not None and view.connection == _CONNECTED and view.exit is None \
@@ -131,7 +131,7 @@ class StatusIndex:
         """``view.live_status`` without the clock; a rank that can go stale is bucketed."""
         if view.connection == _LOST:
             return _LOST
-        st = view.state
+        st = view.base
         if st is None:
             return "starting" if view.connection == _CONNECTED else view.connection
         if view.connection == _STALE:
@@ -160,5 +160,5 @@ class StatusIndex:
 
 def _running(view: RankView) -> bool:
     """No exit, no lost connection, no last words: the usual case, decided inline."""
-    st = view.state
+    st = view.base
     return view.exit is None and view.connection != _LOST and (st is None or st.status not in FINAL)

@@ -135,7 +135,7 @@ class DdptopApp(App[int]):
             self._load_moment(self.query_one(Timeline).t)
         else:
             try:
-                self.source.start(self._buffer.push)
+                self.source.start(self._buffer.push, pulses=self._buffer.push)
                 self._started = True
             except Exception as exc:  # e.g. nothing reachable: say so, keep the UI up
                 log.warning("source failed to start: %s", exc)

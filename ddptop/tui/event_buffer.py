@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ddptop.digest import PulseBatch
 from ddptop.protocol import Event
 
 MAX_PENDING = 200_000  # beyond this (UI stalled for long), drop the oldest: state is refreshed anyway
@@ -20,11 +21,11 @@ class EventBuffer:
 
     def __init__(self, wake: Callable[[], None]) -> None:
         self._lock = threading.Lock()
-        self._events: list[Event] = []
+        self._events: list[Event | PulseBatch] = []
         self._wake = wake
         self.dropped = 0
 
-    def push(self, event: Event) -> None:
+    def push(self, event: Event | PulseBatch) -> None:
         """Called from the source thread: keep the event, wake the UI if it was idle."""
         with self._lock:
             was_empty = not self._events
@@ -35,7 +36,7 @@ class EventBuffer:
         if was_empty:
             self._wake()
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[Event | PulseBatch]:
         """Called on the UI thread: take every waiting event, oldest first."""
         with self._lock:
             events, self._events = self._events, []

@@ -30,8 +30,7 @@ from ddptop.diagnosis.desync import (
     marks_of,
     oldest_pending,
 )
-from ddptop.model.job import JobModel
-from ddptop.protocol import RankState
+from ddptop.model.job import JobModel, RankView
 from ddptop.status import Status
 from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
 
@@ -120,7 +119,7 @@ class RowIndex:
         self._bad: set[int] = set()
         self._keys: dict[int, tuple[tuple[str, ...], ...]] = {}  # per kind of _KINDS
         self._groups: dict[str, dict[tuple[str, ...], set[int]]] = {k: {} for k in _KINDS}
-        self._memo: dict[int, tuple[int, object, str, RankRow]] = {}
+        self._memo: dict[int, tuple[int, str, RankRow]] = {}
         self._all: tuple[tuple[int, int], list[int], list[int]] = ((-1, -1), [], [])  # all, unknown
 
     # ------------------------------------------------------------ upkeep
@@ -147,8 +146,8 @@ class RowIndex:
     def _update(self, rank: int, status: str) -> None:
         # Inline and field by field, only what moved: 8,192 ranks per redraw at 32,768 ranks.
         view = self.model.ranks[rank]
-        st = view.state
-        f = _facts(st, status)
+        st = view.base  # host is a detail field: no merge of a waiting pulse
+        f = _facts(view, status)
         old = self._facts.get(rank)
         self._facts[rank] = f
         if f.has_state:
@@ -259,11 +258,11 @@ class RowIndex:
             return RankRow(rank=rank, status=Status.UNKNOWN)
         status, f, leads = self.statuses[rank], self._facts[rank], self.leads
         hit = self._memo.get(rank)
-        if hit is not None and hit[0] == view.version and hit[1] is view.state and hit[2] == status:
-            built = hit[3]
+        if hit is not None and hit[0] == view.version and hit[1] == status:
+            built = hit[2]
         else:
             built = _row(view, status, f)
-            self._memo[rank] = (view.version, view.state, status, built)
+            self._memo[rank] = (view.version, status, built)
         built.marks = marks_of(f, leads)
         built.seq_lag = leads.max_seq - built.seq if built.seq is not None else 0
         return built
@@ -313,11 +312,20 @@ class RowIndex:
         self.expanded ^= {key}
 
 
-def _facts(state: RankState | None, status: str) -> RankFacts:
-    """``facts_of`` with a shortcut for the usual rank (one process group, at most one op in
-    flight): at 32,768 ranks a quarter of them change per redraw, and facts_of's general
-    search for the oldest op was a third of the index's upkeep. Equal to facts_of (the
-    row-index tests compare the rows built from them with build_rows)."""
+def _facts(view: RankView, status: str) -> RankFacts:
+    """``facts_of`` of the view's state with shortcuts for the usual rank (one process group,
+    at most one op in flight): at 32,768 ranks every rank changes each second, and facts_of's
+    general search for the oldest op was a third of the index's upkeep. A pulse not merged
+    yet (the digest lane) is read as is when no op is in flight: merging it costs ~25 us,
+    most of a rank's upkeep. Equal to facts_of (tests/test_row_index.py holds them equal)."""
+    base, pulse = view.base, view.pulse
+    if pulse is not None and base is not None and len(base.collectives) == 1 and \
+            not base.collectives[0].pending and len(pulse.seqs) == 1 and len(pulse.seq_changed_at) == 1:
+        t, changed, last_step = pulse.sample.time, pulse.seq_changed_at[0], pulse.last_step_at
+        return RankFacts(status, True, pulse.seqs[0], None, pulse.sample.step, base.batches_per_epoch,
+                         bool(changed) and t - changed >= STUCK_AFTER_S,
+                         bool(last_step) and t - last_step >= STUCK_AFTER_S)
+    state = view.state
     if state is None or len(state.collectives) != 1:
         return facts_of(state, status)
     group = state.collectives[0]

@@ -20,7 +20,7 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.source import Emit, StacksResult
+from ddptop.source import Emit, PulseSink, StacksResult
 
 NOW = 1_700_000_000.0
 
@@ -74,7 +74,7 @@ class FakeSource:
         self.emit: Emit | None = None
         self.stack_requests: list[list[int] | None] = []
 
-    def start(self, emit: Emit) -> None:
+    def start(self, emit: Emit, pulses: PulseSink | None = None) -> None:
         """Emit every event from a background thread (as LiveSource does)."""
         self.emit = emit
         threading.Thread(target=lambda: [emit(e) for e in self.events], daemon=True).start()

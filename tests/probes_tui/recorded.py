@@ -17,7 +17,7 @@ from ddptop.bundle.reader import build_model, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.model.job import JobModel
 from ddptop.protocol import FrTraceMsg
-from ddptop.source import Emit, StacksResult
+from ddptop.source import Emit, PulseSink, StacksResult
 
 
 class RecordedJob:
@@ -36,7 +36,7 @@ class RecordedJob:
         """The frozen "now" to pass to the app."""
         return self.now
 
-    def start(self, emit: Emit) -> None:
+    def start(self, emit: Emit, pulses: PulseSink | None = None) -> None:
         """Deliver the whole recording before returning, unlike a real job's thread.
 
         The app then folds it in one batch, so its first redraw with rows is already the
