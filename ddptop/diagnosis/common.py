@@ -6,8 +6,9 @@ import bisect
 from collections.abc import Iterable, Sequence
 
 from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.memo import shared
 from ddptop.model.snapshot import JobSnapshot
-from ddptop.protocol import CollectiveGroup, PendingOp, RankState, Sample
+from ddptop.protocol import CollectiveGroup, PendingOp, RankState
 from ddptop.status import ACTIVE
 from ddptop.status import ENDED as GONE
 from ddptop.textfmt import human_duration, rank_ranges
@@ -23,13 +24,13 @@ __all__ = [
     "op_age",
     "rank_ranges",
     "ranks_text",
-    "window",
 ]
 
 
 def active(snapshot: JobSnapshot) -> list[RankState]:
-    """Ranks still part of the job (starting, running or stale), by rank."""
-    return [s for s in snapshot.ranks if s.status in ACTIVE]
+    """Ranks still part of the job (starting, running or stale), by rank (do not mutate:
+    within a diagnosis every rule gets the same list)."""
+    return shared("active", (snapshot,), (), lambda: [s for s in snapshot.ranks if s.status in ACTIVE])
 
 
 def fresh_ranks(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> set[int]:
@@ -37,8 +38,13 @@ def fresh_ranks(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> s
 
     A rank is fresh while it is younger than ``warmup_s``, and also when its restart
     count is above the lowest in the job (torchelastic restarted it; its counters are
-    from a new process and cannot be compared with its peers' yet).
+    from a new process and cannot be compared with its peers' yet). Shared by the rules of
+    one diagnosis: do not mutate.
     """
+    return shared("fresh", (snapshot,), (now, config), lambda: _fresh_ranks(snapshot, now, config))
+
+
+def _fresh_ranks(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> set[int]:
     states = active(snapshot)
     if not states:
         return set()
@@ -49,35 +55,6 @@ def fresh_ranks(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> s
         if young or (s.restart_count > low and now - s.start_time < config.window_s):
             out.add(s.rank)
     return out
-
-
-def settled_windows(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
-                    config: DiagnosisConfig) -> dict[int, list[Sample]]:
-    """Recent samples of every running rank past its warm-up that has enough of them.
-
-    The rate rules (straggler, input-bound) judge only these: a rank that just started or
-    restarted, or has too few samples, has no "persistent" behaviour yet.
-    """
-    fresh = fresh_ranks(snapshot, now, config)
-    out: dict[int, list[Sample]] = {}
-    for s in active(snapshot):
-        if s.rank in fresh or s.status != "running":
-            continue
-        samples = window(histories.get(s.rank, []), s, now, config.window_s)
-        if len(samples) >= config.min_samples:
-            out[s.rank] = samples
-    return out
-
-
-def window(samples: Sequence[Sample], state: RankState, now: float, span_s: float) -> list[Sample]:
-    """Samples of the last *span_s* seconds taken after the rank's (re)start."""
-    since = max(now - span_s, state.start_time)
-    # Histories are time-ordered: bisect instead of scanning 600 samples x thousands of ranks.
-    return list(samples[bisect.bisect_left(samples, since, key=_sample_time):])
-
-
-def _sample_time(sample: Sample) -> float:
-    return sample.time
 
 
 def median_without(ordered: Sequence[float], value: float) -> float | None:

@@ -17,6 +17,7 @@ from ddptop.diagnosis import (
 )
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
+from ddptop.diagnosis.memo import one_diagnosis
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import Sample
 
@@ -54,10 +55,12 @@ def diagnose(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: flo
     """Every finding for the job at *now*, most severe first (pure; the clock is passed in)."""
     config = config or DiagnosisConfig()
     found: list[tuple[int, Finding]] = []
-    for index, rule in enumerate(RULES):
-        try:
-            found += [(index, f) for f in rule(snapshot, histories, now, config)]
-        except Exception:  # one broken rule must not hide what the others found
-            log.exception("diagnosis rule %s failed", getattr(rule, "__name__", rule))
+    # What several rules derive alike (active ranks, rate windows...) is computed once (memo).
+    with one_diagnosis():
+        for index, rule in enumerate(RULES):
+            try:
+                found += [(index, f) for f in rule(snapshot, histories, now, config)]
+            except Exception:  # one broken rule must not hide what the others found
+                log.exception("diagnosis rule %s failed", getattr(rule, "__name__", rule))
     found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
     return [f for _, f in found]

@@ -16,11 +16,11 @@ from ddptop.diagnosis.common import (
     median,
     median_without,
     ranks_text,
-    settled_windows,
 )
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.lateness import entry_lateness
+from ddptop.diagnosis.windows import Window, settled
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 from ddptop.status import Status
@@ -125,21 +125,21 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
     its DataLoader than its peers do; both signals are medians over ``window_s``.
     """
     fresh = fresh_ranks(snapshot, now, config)
-    stats = {rank: (median(x.step_time_s for x in samples), median(x.data_wait_fraction for x in samples))
-             for rank, samples in settled_windows(snapshot, histories, now, config).items()}
+    windows = settled(snapshot, histories, now, config)
     late = entry_lateness(snapshot, {s.rank for s in active(snapshot)
                                      if s.rank not in fresh and s.status == Status.RUNNING})
-    if len(stats) < 2 and len(late) < 2:
+    if len(windows) < 2 and len(late) < 2:
         return []
     late_sorted = sorted(v.median_s for v in late.values())
     out: list[Finding] = []
-    steps_sorted = sorted(v[0] for v in stats.values() if v[0] is not None)
-    waits_sorted = sorted(v[1] for v in stats.values() if v[1] is not None)
+    steps_sorted = sorted([w.step_time_s for w in windows.values() if w.step_time_s is not None])
+    waits_sorted = sorted([w.data_wait for w in windows.values() if w.data_wait is not None])
     progress = {s.rank: s.step for s in active(snapshot)}
     progress_sorted = sorted(float(v) for v in progress.values())
     by_rank = snapshot.by_rank()
-    for rank in sorted(set(stats) | set(late)):
-        step, wait = stats.get(rank, (None, None))
+    for rank in sorted(_suspects(windows, steps_sorted, waits_sorted, config) | set(late)):
+        window = windows.get(rank)
+        step, wait = (window.step_time_s, window.data_wait) if window is not None else (None, None)
         o_step = median_without(steps_sorted, step) if step is not None else median(steps_sorted)
         o_wait = median_without(waits_sorted, wait) if wait is not None else median(waits_sorted)
         why: list[str] = []
@@ -173,7 +173,35 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
             evidence=why, remedy=_straggler_remedy(state, wait),
         ))
     # Several "stragglers" at once are not one slow rank: keep the finding only when it is few.
-    return out if len(out) <= max(1, max(len(stats), len(late)) // 4) else []
+    return out if len(out) <= max(1, max(len(windows), len(late)) // 4) else []
+
+
+def _suspects(windows: dict[int, Window], steps_sorted: list[float], waits_sorted: list[float],
+              config: DiagnosisConfig) -> set[int]:
+    """The ranks whose window could make them a straggler: a superset, cheap to find.
+
+    The median of the others is smallest when the rank left out is the slowest one, so a
+    rank can only pass ``step > others * ratio`` and ``step - others >= min_diff`` if it
+    passes them against that smallest median (float products and differences are monotone);
+    likewise for the data-wait gap. At 32,768 ranks this skips the per-rank medians, bisects
+    and text of the thousands of ranks that cannot qualify.
+    """
+    low_step = median_without(steps_sorted, steps_sorted[-1]) if steps_sorted else None
+    low_wait = median_without(waits_sorted, waits_sorted[-1]) if waits_sorted else None
+    if config.straggler_ratio < 0 or (low_step is not None and low_step < 0):
+        return set(windows)  # the bound holds only for non-negative numbers: judge every rank
+    if low_step is None or len(steps_sorted) < 2:
+        slow = {r for r, w in windows.items() if w.step_time_s is not None}
+    else:
+        slow = {r for r, w in windows.items() if w.step_time_s is not None
+                and w.step_time_s > low_step * config.straggler_ratio
+                and w.step_time_s - low_step >= config.straggler_min_diff_s}
+    if low_wait is None or len(waits_sorted) < 2:
+        waiting = {r for r, w in windows.items() if w.data_wait is not None}
+    else:
+        waiting = {r for r, w in windows.items() if w.data_wait is not None
+                   and w.data_wait - low_wait >= config.straggler_wait_gap}
+    return slow | waiting
 
 
 def _straggler_remedy(state: RankState, window_wait: float | None) -> str:
@@ -191,11 +219,11 @@ def input_bound(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: 
                 config: DiagnosisConfig) -> list[Finding]:
     """Ranks that spend most of each step waiting for a DataLoader whose queue is empty."""
     hits: dict[int, tuple[float, float | None]] = {}
-    for rank, samples in settled_windows(snapshot, histories, now, config).items():
-        wait = median(x.data_wait_fraction for x in samples)
-        ready = median(x.loader_ready_batches for x in samples)
+    for rank, window in settled(snapshot, histories, now, config).items():
+        wait = window.data_wait
         if wait is None or wait <= config.input_bound_wait:
             continue
+        ready = window.ready_batches()  # only past the wait check: few ranks get here
         if ready is not None and ready > config.input_bound_ready:
             continue  # batches are waiting in the queue: the time goes elsewhere
         hits[rank] = (wait, ready)

@@ -11,12 +11,18 @@ from collections import Counter, defaultdict
 from ddptop.diagnosis.common import active, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, Severity
+from ddptop.diagnosis.memo import shared
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 from ddptop.textfmt import human_bytes
 
 
 def _by_host(snapshot: JobSnapshot) -> dict[str, list[RankState]]:
+    # cpu_oversubscribed and shm_pressure both group the active ranks by host: once per diagnosis.
+    return shared("by_host", (snapshot,), (), lambda: _group_by_host(snapshot))
+
+
+def _group_by_host(snapshot: JobSnapshot) -> dict[str, list[RankState]]:
     hosts: dict[str, list[RankState]] = defaultdict(list)
     for s in active(snapshot):
         hosts[s.host].append(s)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ddptop.diagnosis.common import ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.memo import shared
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.textfmt import op_text, rank_ranges
@@ -86,8 +87,11 @@ def collective_wavefront(snapshot: JobSnapshot, histories: dict[int, list[Sample
 
 
 def applies(snapshot: JobSnapshot) -> bool:
-    """True when ranks carry dumped collectives with their groups' members (FR dumps)."""
-    return any(g.ranks for s in snapshot.ranks for g in s.collectives)
+    """True when ranks carry dumped collectives with their groups' members (FR dumps).
+
+    Asked by three rules of a diagnosis (a pass over every rank's groups): answered once."""
+    return shared("wavefront_applies", (snapshot,), (),
+                  lambda: any(g.ranks for s in snapshot.ranks for g in s.collectives))
 
 
 def _groups(states: Iterable[RankState]) -> dict[str, _Group]:

@@ -1,0 +1,88 @@
+"""The rate rules' windows: each settled rank's recent samples and their medians, once per diagnosis.
+
+straggler and input_bound judge the same windows (the last ``window_s`` of every running
+rank past its warm-up with at least ``min_samples`` samples) by the medians of the same
+fields. At 32,768 ranks that is 32,768 windows: computed once per diagnosis
+(:mod:`ddptop.diagnosis.memo`), without copying a window (a start index into the rank's
+history), and with one C-level pass per field instead of a Python generator per sample.
+The values are those :func:`ddptop.diagnosis.common.median` gives over a copied window.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from operator import attrgetter
+from typing import cast
+
+from ddptop.diagnosis.common import active, fresh_ranks
+from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.memo import shared
+from ddptop.model.snapshot import JobSnapshot
+from ddptop.protocol import Sample
+
+_time = attrgetter("time")
+_step_time = attrgetter("step_time_s")
+_data_wait = attrgetter("data_wait_fraction")
+_ready = attrgetter("loader_ready_batches")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A settled rank's window: ``samples[start:]``, with the medians both rate rules read."""
+
+    samples: Sequence[Sample]
+    start: int
+    step_time_s: float | None  # median step time over the window
+    data_wait: float | None  # median share of each step spent waiting for data
+
+    def ready_batches(self) -> float | None:
+        """Median batches prefetched in the DataLoader queue (input_bound only, for few ranks)."""
+        return window_median(self.samples, self.start, _ready)
+
+
+def settled(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+            config: DiagnosisConfig) -> dict[int, Window]:
+    """Every running rank past its warm-up with ``min_samples`` in the window, in active order.
+
+    A rank that just started or restarted, or has too few samples, has no "persistent"
+    behaviour yet. Once per diagnosis (shared by straggler and input_bound).
+    """
+    return shared("settled", (snapshot, histories), (now, config),
+                  lambda: _settled(snapshot, histories, now, config))
+
+
+def _settled(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+             config: DiagnosisConfig) -> dict[int, Window]:
+    fresh = fresh_ranks(snapshot, now, config)
+    out: dict[int, Window] = {}
+    since_window = now - config.window_s
+    empty: list[Sample] = []
+    for s in active(snapshot):
+        if s.status != "running" or s.rank in fresh:
+            continue
+        samples = histories.get(s.rank, empty)
+        # Samples taken after the rank's (re)start; histories are time-ordered.
+        start = bisect.bisect_left(samples, max(since_window, s.start_time), key=_time)
+        if len(samples) - start < config.min_samples:
+            continue
+        out[s.rank] = Window(samples, start, window_median(samples, start, _step_time),
+                             window_median(samples, start, _data_wait))
+    return out
+
+
+def window_median(samples: Sequence[Sample], start: int,
+                  field: Callable[[Sample], float | int | None]) -> float | None:
+    """Median of *field* over ``samples[start:]``, known values only (as ``common.median``)."""
+    values = list(map(field, islice(samples, start, None) if start else samples))
+    if None in values:  # rare (a step time before the first step): filter only then
+        values = [v for v in values if v is not None]
+    known = cast("list[float]", values)
+    known.sort()
+    n = len(known)
+    if not n:
+        return None
+    mid = n // 2
+    return float(known[mid]) if n % 2 else (known[mid - 1] + known[mid]) / 2
