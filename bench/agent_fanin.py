@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
+from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event
 from ddptop.testing.synthetic import ensure_fd_limit, fds_needed, run_in_subprocess
@@ -51,15 +52,20 @@ def ingest(job_id: str, n: int, via: str, window: float) -> dict[str, float]:
             model.apply(event)
         count[0] += 1
 
+    def pulses(batch: PulseBatch) -> None:  # the digest lane: one batch per node digest
+        with lock:
+            model.apply(batch)
+        count[0] += len(batch.pulses)
+
     target = resolve(job_id)
     source = LiveSource(target, digest=via == "digest")
     began = time.monotonic()
-    source.start(emit)
+    source.start(emit, pulses=pulses)
     try:
         deadline = time.monotonic() + 120 + n / 256
         while True:
             with lock:
-                have = sum(1 for v in model.ranks.values() if v.state is not None)
+                have = sum(1 for v in model.ranks.values() if v.base is not None)
             if have >= n:
                 break
             if time.monotonic() > deadline:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
+from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event
 from ddptop.testing.synthetic import ensure_fd_limit, fds_needed, run_in_subprocess
@@ -74,13 +75,20 @@ def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> 
         counters["apply_s"] += time.thread_time() - began
         counters["events"] += 1
 
+    def pulses(batch: PulseBatch) -> None:  # the digest lane: one batch per node digest
+        began = time.thread_time()
+        with lock:
+            model.apply(batch)
+        counters["apply_s"] += time.thread_time() - began
+        counters["events"] += len(batch.pulses)
+
     source = LiveSource(resolve(job_id), digest=digest)
     attach_began = time.monotonic()
-    source.start(emit)
+    source.start(emit, pulses=pulses)
     try:
         def all_in() -> bool:
             with lock:
-                return sum(1 for v in model.ranks.values() if v.state is not None) >= n
+                return sum(1 for v in model.ranks.values() if v.base is not None) >= n
 
         wait_for(all_in, 90 + n / 256, f"state from {n} ranks")  # 32,768 ranks: 218 s
         attach_s = time.monotonic() - attach_began

@@ -1,4 +1,4 @@
-"""A live source's requests (stacks, Flight Recorder) and their answers, per rank.
+"""A live source's requests (stacks, Flight Recorder, fresh states) and their answers, per rank.
 
 A request goes either to one rank (one future, one rank) or to a node agent (one future
 for all the ranks it serves, answered by one :class:`~ddptop.protocol.AgentReply`):
@@ -22,8 +22,8 @@ from ddptop.client.collect import stuck_stacks
 from ddptop.client.digest_view import DigestView
 from ddptop.client.handshake import Handshake
 from ddptop.net.loop import ServerLoop
-from ddptop.protocol import AgentReply, FrTraceMsg, Message, RecordEntry, Request, StacksMsg
-from ddptop.source import StacksResult
+from ddptop.protocol import AgentReply, FrTraceMsg, Message, RecordEntry, Request, StacksMsg, StateMsg
+from ddptop.source import StacksResult, StatesResult
 from ddptop.store.discovery import Endpoint
 from ddptop.wire import FrameBuffer, encode_frame
 
@@ -78,13 +78,32 @@ class LiveRequests:
         errors: dict[int, str] = {}
         return fr_traces(gather(self._request_all("fr_trace", ranks, errors), timeout, errors), errors)
 
+    def request_states(self, ranks: Sequence[int], timeout: float = 5.0) -> StatesResult:
+        """Fresh whole states of *ranks*: each node agent is asked once for the ones it serves
+        (``Request.ranks``, so an opened rank costs one state, not its node's), a rank reached
+        directly on its own connection. An agent's answer also replaces its digest lane's
+        copies (:meth:`~ddptop.client.live.LiveSource._from_agent`): the states the dashboard
+        folds carry the fresh on-demand fields from then on."""
+        errors: dict[int, str] = {}
+        answers = gather_timed(self._request_all("state", ranks, errors, narrow=True), timeout, errors,
+                               StateMsg)
+        return states_result(answers, errors)
+
+    def on_demand_stale(self, rank: int) -> bool:
+        """Whether *rank* comes through a node agent's digest lane, whose on-demand fields are
+        only as fresh as the rank's last detail (:mod:`ddptop.digest`)."""
+        peer = self._via.get(rank)
+        return peer is not None and peer.digest is not None
+
     def _outside(self, rank: int) -> StacksMsg | None:
         # A rank that cannot answer: what the node agent read from outside (ranks reached
         # through an agent got that from the agent already).
         peer = self._peers.get(rank)
         return stuck_stacks(peer.endpoint) if peer is not None and self._read_stuck else None
 
-    def _request_all(self, command: str, ranks: Sequence[int] | None, errors: dict[int, str]) -> Asked:
+    def _request_all(self, command: str, ranks: Sequence[int] | None, errors: dict[int, str],
+                     narrow: bool = False) -> Asked:
+        # *narrow*: a node agent is asked for the wanted ranks only (else for all it serves).
         futures: Asked = {}
         wanted = [*self._peers, *self._via] if ranks is None else list(ranks)
         by_agent: dict[int, list[int]] = {}  # one request per node agent, for all its ranks
@@ -98,16 +117,17 @@ class LiveRequests:
                 else:
                     futures[(rank,)] = self._ask(peer, command, rank)
             for served in by_agent.values():
-                futures[tuple(served)] = self._ask(self._via[served[0]], command, served[0])
+                futures[tuple(served)] = self._ask(self._via[served[0]], command, served[0],
+                                                   served if narrow else ())
         self._wake()
         return futures
 
-    def _ask(self, peer: Peer, command: str, rank: int) -> Future[Message]:
+    def _ask(self, peer: Peer, command: str, rank: int, only: Sequence[int] = ()) -> Future[Message]:
         # Under self._lock: queue one request on *peer*, flushed by the selector thread.
         self._next_id += 1
         fut: Future[Message] = Future()
         peer.waiting[self._next_id] = fut
-        peer.out += encode_frame(Request(command=command, id=self._next_id))
+        peer.out += encode_frame(Request(command=command, id=self._next_id, ranks=list(only)))
         self._queued.add(rank)
         return fut
 
@@ -119,8 +139,16 @@ Asked = dict[tuple[int, ...], Future[Message]]  # the ranks a request was for ->
 
 def gather(futures: Asked, timeout: float, errors: dict[int, str]) -> dict[int, Message]:
     """Every asked rank's answer; ranks without one go into *errors* with why."""
+    return {rank: message for rank, (_at, message) in gather_timed(futures, timeout, errors).items()}
+
+
+def gather_timed(futures: Asked, timeout: float, errors: dict[int, str],
+                 want: type[Message] | None = None) -> dict[int, tuple[float, Message]]:
+    """Every asked rank's answer and when it was taken (this viewer's clock); ranks without
+    one go into *errors* with why. *want*: a rank's part of an agent's answer is the entry of
+    that type (a "state" answer may carry a stuck rank's stacks beside its state)."""
     deadline = time.monotonic() + timeout
-    replies: dict[int, Message] = {}
+    replies: dict[int, tuple[float, Message]] = {}
     for asked, fut in futures.items():
         try:
             reply = fut.result(timeout=max(0.0, deadline - time.monotonic()))
@@ -128,17 +156,20 @@ def gather(futures: Asked, timeout: float, errors: dict[int, str]) -> dict[int, 
             errors.update((r, f"no answer within {timeout:g} s") for r in asked)
             continue
         except Exception as exc:
-            errors.update((r, str(exc)) for r in asked)
+            errors.update((r, str(exc) or type(exc).__name__) for r in asked)
             continue
         if isinstance(reply, AgentReply):  # each rank's part, as if it had answered itself
-            parts = {e.rank: e.message for e in reply.entries if isinstance(e, RecordEntry)}
+            # The entries' times were moved onto our clock when the reply was delivered
+            # (LiveSource._from_agent): when the agent heard each rank.
+            parts = {e.rank: (e.time, e.message) for e in reply.entries
+                     if isinstance(e, RecordEntry) and (want is None or isinstance(e.message, want))}
             for rank in asked:
                 if rank in parts:
                     replies[rank] = parts[rank]
                 else:
                     errors[rank] = "its node agent had no answer from it"
-        else:
-            replies.update((r, reply) for r in asked)
+        else:  # a rank's own answer: taken as it came
+            replies.update((r, (time.time(), reply)) for r in asked)
     return replies
 
 
@@ -164,3 +195,14 @@ def fr_traces(replies: dict[int, Message], errors: dict[int, str]) -> dict[int, 
     for r, why in errors.items():
         out[r] = FrTraceMsg(rank=r, time=time.time(), error=why)
     return out
+
+
+def states_result(answers: dict[int, tuple[float, Message]], errors: dict[int, str]) -> StatesResult:
+    """The states of the ranks that answered with one; any other answer is an error (why)."""
+    states, taken = {}, {}
+    for rank, (at, message) in answers.items():
+        if isinstance(message, StateMsg):
+            states[rank], taken[rank] = message.state, at
+        else:
+            errors[rank] = getattr(message, "reason", "") or f"unexpected reply {type(message).__name__}"
+    return StatesResult(states, taken, errors)

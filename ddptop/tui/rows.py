@@ -12,6 +12,7 @@ from typing import Any
 
 from ddptop.diagnosis.desync import RankFacts, facts_of, leads_of, marks_of
 from ddptop.model.job import JobModel, RankView
+from ddptop.protocol import RankState, Sample
 from ddptop.status import Status
 from ddptop.textfmt import human_bytes, human_duration, pending_text, rank_ranges, usage_text
 from ddptop.textfmt import number as _num
@@ -195,7 +196,9 @@ class RowBuilder:
 
 
 def _row(view: RankView, status: str, facts: RankFacts) -> RankRow:
-    st = view.state
+    # The columns are pulse fields (ddptop.digest) or detail: a pulse not merged yet (the
+    # digest lane) is read as is, with its detail, so a sort of 32,768 rows merges none.
+    st, pulse = view.base, view.pulse
     if st is None:
         return RankRow(rank=view.rank, status=status)
     op = facts.op  # seq and op come from the facts the marks use: computed once
@@ -206,18 +209,25 @@ def _row(view: RankView, status: str, facts: RankFacts) -> RankRow:
         timeout = op.timeout_s or next((g.timeout_s for g in st.collectives if g.timeout_s), None)
         if timeout is not None:
             pending_left = timeout - op.age_s
-    gpu, gpu_util, gpu_mem = st.gpu, None, None
-    if gpu is not None:
-        gpu_util = gpu.util_percent
-        if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
-            gpu_mem = gpu.mem_used_bytes / gpu.mem_total_bytes
+    gpu, gpu_util, gpu_mem, used = st.gpu, None, None, None
+    if pulse is None:
+        s: RankState | Sample = st
+        shm_used = st.shm_used_bytes
+        if gpu is not None:
+            gpu_util, used = gpu.util_percent, gpu.mem_used_bytes
+    else:
+        s, shm_used = pulse.sample, pulse.shm_used_bytes
+        if gpu is not None:
+            gpu_util, used = pulse.sample.gpu_util_percent, pulse.gpu_mem_used_bytes
+    if gpu is not None and used is not None and gpu.mem_total_bytes:
+        gpu_mem = used / gpu.mem_total_bytes
     # Positional, in RankRow's field order: a thousand rows change per redraw at 4096 ranks
     # and matching 22 keywords cost a third of building a row. tests/test_tui_rows.py checks
     # every field against the state it comes from.
-    return RankRow(view.rank, st.host, status, [], st.step, steps_per_second(view), st.epoch, st.batch,
+    return RankRow(view.rank, st.host, status, [], s.step, steps_per_second(view), s.epoch, s.batch,
                    st.batches_per_epoch, facts.seq, 0, pending_op, pending_seq, pending_age, pending_left,
-                   st.data_wait_fraction, st.loader_ready_batches, st.cpu_percent, st.rss_bytes, gpu_util,
-                   gpu_mem, st.shm_used_bytes, st.shm_total_bytes)
+                   s.data_wait_fraction, s.loader_ready_batches, s.cpu_percent, s.rss_bytes, gpu_util,
+                   gpu_mem, shm_used, st.shm_total_bytes)
 
 
 def _short_op(op: str) -> str:

@@ -1,7 +1,16 @@
-"""Rank detail (Enter): identity, versions, env, fingerprints, sparklines, pending ops, stack."""
+"""Rank detail (Enter): identity, versions, env, fingerprints, sparklines, pending ops, stack.
+
+A rank seen through a node agent's digest lane has on-demand fields as old as its last detail:
+the screen asks the source for its fresh state when it opens, every few seconds while it stays
+open and on ``r`` (off the UI thread, one request in flight at a time), and says how old what
+it shows is (:mod:`ddptop.tui.on_demand`).
+"""
 
 from __future__ import annotations
 
+import copy
+import logging
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -9,13 +18,18 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ddptop.model.job import RankView
 from ddptop.protocol import LoaderInfo, PendingOp
+from ddptop.source import JobSource, StatesResult
 from ddptop.textfmt import human_bytes, human_duration, op_tensors, percent, rank_ranges
+from ddptop.tui.on_demand import FETCH_TIMEOUT_S, REFRESH_S, OnDemand, on_demand_text
 from ddptop.tui.stack_groups import main_thread
+
+log = logging.getLogger(__name__)
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
@@ -37,8 +51,9 @@ def _section(text: Text, title: str) -> None:
     text.append(f"\n{title}\n", style="bold underline")
 
 
-def detail_text(view: RankView, status: str, now: float) -> Text:
-    """Everything known about one rank, as text (pure)."""
+def detail_text(view: RankView, status: str, now: float, on_demand: str | None = None) -> Text:
+    """Everything known about one rank, as text (pure). *on_demand*: how old its on-demand
+    fields are, where they are not fresh with every state (None: no section for them)."""
     text = Text()
     st = view.state
     text.append(f"rank {view.rank}", style="bold")
@@ -52,6 +67,8 @@ def detail_text(view: RankView, status: str, now: float) -> Text:
                 f"last state {human_duration(max(0.0, now - view.received_at))} ago\n")
     if st.exit_reason:
         text.append(f"exit reason: {st.exit_reason}\n", style="bold red")
+    if on_demand is not None:
+        on_demand_text(text, st, on_demand, now)
     _section(text, "versions")
     v = st.versions
     text.append(f"python {v.python}  torch {v.torch or '-'}  cuda {v.cuda or '-'}  nccl {v.nccl or '-'}  "
@@ -126,20 +143,79 @@ def _loaders(text: Text, loaders: Sequence[LoaderInfo]) -> None:
 
 
 class RankDetail(Screen[None]):
-    """Full-screen detail of one rank; Escape goes back."""
+    """Full-screen detail of one rank; Escape goes back. Given a live *source* whose rank's
+    on-demand fields are stale (:meth:`~ddptop.source.JobSource.on_demand_stale`), it fetches
+    the rank's fresh state and shows that."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "app.pop_screen", "back")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "app.pop_screen", "back"),
+                                             Binding("r", "fetch", "fresh state")]
 
-    def __init__(self, view: RankView, status: str, now: float) -> None:
+    class Fetched(Message):
+        """A request for the rank's fresh state came back (from the worker thread)."""
+
+        def __init__(self, result: StatesResult) -> None:
+            super().__init__()
+            self.result = result
+
+    def __init__(self, view: RankView, status: str, now: float, source: JobSource | None = None) -> None:
         super().__init__()
-        self._text = detail_text(view, status, now)
-        self.rank = view.rank
+        self.rank, self.view, self.status = view.rank, view, status
+        # Only where the state shown lacks fresh on-demand fields: elsewhere every state has them.
+        self.source = source if source is not None and source.live and _stale(source, view.rank) else None
+        self.on_demand = OnDemand(view.rank)
+        self._text = detail_text(view, status, now, self.on_demand.line() if self.source else None)
 
     def compose(self) -> ComposeResult:
         """A scrollable text body and the footer."""
         with VerticalScroll(id="detail-body"):
             yield Static(self._text, id="detail-text")
         yield Footer()
+
+    def on_mount(self) -> None:
+        """Fetch the fresh state at once, then again every REFRESH_S while the screen is open."""
+        if self.source is not None:
+            self.action_fetch()
+            self.set_interval(REFRESH_S, self.action_fetch)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The fetch key only where there is something to fetch (hidden from the footer else)."""
+        return self.source is not None if action == "fetch" else True
+
+    def action_fetch(self) -> None:
+        """Ask for the rank's fresh state in a worker thread (the request blocks), unless one
+        is in flight already: an open screen never has two."""
+        if self.source is not None and self.on_demand.begin():
+            self._render_text()
+            self.run_worker(self._fetch, thread=True, group="detail-state", exit_on_error=False)
+
+    def _fetch(self) -> None:
+        assert self.source is not None
+        try:
+            result = self.source.request_states([self.rank], timeout=FETCH_TIMEOUT_S)
+        except Exception as exc:  # said on the screen ("not available: why"), never a crash
+            log.warning("state request of rank %d failed: %s", self.rank, exc)
+            result = StatesResult({}, {}, {self.rank: str(exc) or type(exc).__name__})
+        self.post_message(self.Fetched(result))  # thread-safe
+
+    def on_rank_detail_fetched(self, message: Fetched) -> None:
+        """Show the fresh state (or why there is none) with how old it is."""
+        self.on_demand.settle(message.result)
+        self._render_text()
+
+    def _render_text(self) -> None:
+        view, fresh = self.view, self.on_demand.state
+        if fresh is not None:  # the rank's whole newest state: shown in place of the model's copy
+            view = copy.copy(view)  # shallow: the model's view (and its history) stay as they are
+            view.state, view.received_at = fresh, self.on_demand.taken_at
+        self._text = detail_text(view, self.status, time.time(), self.on_demand.line())
+        self.query_one("#detail-text", Static).update(self._text)
+
+
+def _stale(source: JobSource, rank: int) -> bool:
+    # A source written before on-demand fetching (a test's double) has no such question: its
+    # states are taken as whole.
+    stale = getattr(source, "on_demand_stale", None)
+    return bool(stale(rank)) if callable(stale) else False
 
 
 def _tensors(op: PendingOp) -> str:

@@ -94,7 +94,7 @@ class HeaderFacts:
         redo = False
         views, signs = self.model.ranks, self._sign
         for rank in self._dirty:
-            st = views[rank].state
+            st = views[rank].base  # identity is detail: no merge of a waiting pulse
             # Most changes are a new sample of an unchanged identity: one tuple compare.
             sign = None if st is None else (st.host, st.start_time, st.world_size, st.rank, st.backend)
             if rank in signs and signs[rank] == sign:
