@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
-from ddptop.protocol import Event, FrTraceMsg, StacksMsg
+from ddptop.protocol import Event, FrTraceMsg, RankState, StacksMsg
 
 Emit = Callable[[Event], None]
 # Where the node agents' digest lane goes (ddptop.digest.PulseBatch, one per node digest): a
@@ -26,6 +26,17 @@ class StacksResult:
 
     def __init__(self, stacks: dict[int, StacksMsg], errors: dict[int, str]) -> None:
         self.stacks = stacks
+        self.errors = errors
+
+
+class StatesResult:
+    """Fresh whole states of ranks (every field, the on-demand ones included), when each was
+    taken on the viewer's clock, and the ranks that could not give theirs (with why)."""
+
+    def __init__(self, states: dict[int, RankState], taken_at: dict[int, float],
+                 errors: dict[int, str]) -> None:
+        self.states = states
+        self.taken_at = taken_at
         self.errors = errors
 
 
@@ -49,6 +60,16 @@ class JobSource(Protocol):
     def request_fr_traces(self, ranks: Sequence[int] | None = None,
                           timeout: float = 5.0) -> dict[int, FrTraceMsg]:
         """Blocking: Flight Recorder dumps of the selected ranks."""
+        ...
+
+    def request_states(self, ranks: Sequence[int], timeout: float = 5.0) -> StatesResult:
+        """Blocking: fresh whole states of *ranks* (the rank detail screen's on-demand fields)."""
+        ...
+
+    def on_demand_stale(self, rank: int) -> bool:
+        """Whether *rank*'s on-demand fields (:data:`ddptop.digest.ON_DEMAND_FIELDS`) are only
+        as fresh as its last detail (a node agent's digest lane), so that a person looking at
+        it should ask :meth:`request_states`; False where every state carries them."""
         ...
 
 

@@ -19,7 +19,7 @@ from ddptop.bundle.record_dir import read_recording
 from ddptop.diagnosis import findings_for_model
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event, FrTraceMsg
-from ddptop.source import Emit, PulseSink, StacksResult
+from ddptop.source import Emit, PulseSink, StacksResult, StatesResult
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,16 @@ class ReplaySource:
             out[rank] = (view.fr_trace if view is not None and view.fr_trace is not None
                          else FrTraceMsg(rank=rank, time=self.position, error="no trace recorded"))
         return out
+
+    def request_states(self, ranks: Sequence[int], timeout: float = 5.0) -> StatesResult:
+        """Nothing: a recording holds no state fresher than the one shown at this moment."""
+        why = "a recording has nothing fresher than the states it holds"
+        return StatesResult({}, {}, dict.fromkeys(ranks, why))
+
+    def on_demand_stale(self, rank: int) -> bool:
+        """False: the states shown are all there is (a digest-lane recording's on-demand
+        fields are as old as their details, and no rank can be asked again)."""
+        return False
 
     # ------------------------------------------------------------ ReplayableSource
 

@@ -291,7 +291,7 @@ class DdptopApp(App[int]):
         if view is None:
             self.notify(f"rank {rank}: nothing received yet", severity="warning")
             return
-        self.push_screen(RankDetail(view, view.status(self.now()), self.now()))
+        self.push_screen(RankDetail(view, view.status(self.now()), self.now(), self.source))
 
     def action_help(self) -> None:
         """Key help."""
