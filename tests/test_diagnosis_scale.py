@@ -3,8 +3,9 @@
 ``findings_for_model`` shares derived results between rules (:mod:`ddptop.diagnosis.memo`),
 computes the rate windows' medians without copying (:mod:`ddptop.diagnosis.windows`) and
 lets straggler judge only the ranks that can qualify. The reference here is the path as it
-was before those shortcuts: every rule on its own, windows copied and their medians taken
-by ``common.median``, every settled rank judged. Both run on synthetic jobs of a few
+was before those shortcuts: every rule on its own, each rank's history window chosen by its
+view's own status, windows copied and their medians taken by ``common.median``, every
+settled rank judged. Both run on synthetic jobs of a few
 thousand ranks in every scenario of the generator, plus a straggler, an input-bound rank,
 a restarted rank and ended ranks, and must give equal findings. No timing here: speed
 lives in ``bench/diagnosis_scale.py``.
@@ -20,8 +21,9 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
+from ddptop import diagnosis
+from ddptop.diagnosis import GONE, findings_for_model, recent_samples, rules_progress
 from ddptop.diagnosis import engine as diagnosis_engine
-from ddptop.diagnosis import findings_for_model, rules_progress
 from ddptop.diagnosis.common import active, fresh_ranks, median
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
@@ -93,6 +95,13 @@ def _reference_settled(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     return out
 
 
+def _reference_histories(model: JobModel, now: float, span_s: float) -> dict[int, list[Sample]]:
+    """recent_histories as before: each view asked its own status."""
+    since = now - span_s
+    return {rank: list(view.history) if view.status(now) in GONE else recent_samples(view.history, since)
+            for rank, view in model.ranks.items()}
+
+
 class _ReferenceWindow(Window):
     def ready_batches(self) -> float | None:
         return median(x.loader_ready_batches for x in self.samples[self.start:])
@@ -103,6 +112,7 @@ def full_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The diagnosis without its shortcuts: no memo, copied windows, every settled rank judged."""
     with monkeypatch.context() as patch:
         patch.setattr(diagnosis_engine, "one_diagnosis", contextlib.nullcontext)
+        patch.setattr(diagnosis, "recent_histories", _reference_histories)
         patch.setattr(rules_progress, "settled", _reference_settled)
         patch.setattr(rules_progress, "_suspects", lambda windows, *_: set(windows))
         yield

@@ -48,8 +48,13 @@ def recent_histories(model: JobModel, now: float, span_s: float) -> dict[int, li
     """
     out: dict[int, list[Sample]] = {}
     since = now - span_s
+    # The model's status index (kept up to date by apply; the snapshot just asked it for the
+    # same *now*) instead of each view's status: a call per rank cost ~2.5 us, 80 ms at 32,768.
+    # An ended rank's word with job context (torn_down) is gone as its own word is.
+    statuses = model.statuses(now)
     for rank, view in model.ranks.items():
-        if view.status(now) in GONE:
+        status = statuses.get(rank)
+        if (status if status is not None else view.status(now)) in GONE:
             out[rank] = list(view.history)
             continue
         out[rank] = recent_samples(view.history, since)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, op_age, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.memo import shared
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
@@ -28,16 +29,22 @@ class _Entry:
     rank: int
     op: PendingOp
     age: float
+    key: tuple[str, str]  # _key(op), made once: in a hang every rank has one, compared several times
 
 
 def _pending_by_seq(states: list[RankState], pg: str, now: float) -> dict[int, list[_Entry]]:
+    """The pending ops of *pg* by seq, in *states* order; once per diagnosis (both rules ask)."""
+    return shared("pending_by_seq", (states,), (pg, now), lambda: _collect_pending(states, pg, now))
+
+
+def _collect_pending(states: list[RankState], pg: str, now: float) -> dict[int, list[_Entry]]:
     out: dict[int, list[_Entry]] = {}
     for s in states:
         g = group(s, pg)
-        if g is None:
+        if g is None or not g.pending:
             continue
         for op in g.pending:
-            out.setdefault(op.seq, []).append(_Entry(s.rank, op, op_age(op, s, now)))
+            out.setdefault(op.seq, []).append(_Entry(s.rank, op, op_age(op, s, now), _key(op)))
     return out
 
 
@@ -46,6 +53,11 @@ def _group_names(states: list[RankState]) -> list[str]:
 
 
 def _considered(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> list[RankState]:
+    # Once per diagnosis: both rules judge the same ranks (and _pending_by_seq is keyed on the list).
+    return shared("considered", (snapshot,), (now, config), lambda: _not_restarted(snapshot, now, config))
+
+
+def _not_restarted(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> list[RankState]:
     # A rank that just restarted counts its collectives from 0 again: its seq and
     # pending ops cannot be compared with its peers' until they restart too.
     fresh = fresh_ranks(snapshot, now, config)
@@ -62,7 +74,7 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
     out: list[Finding] = []
     for pg in _group_names(states):
         for seq, entries in sorted(_pending_by_seq(states, pg, now).items()):
-            kinds = Counter(_key(e.op) for e in entries)
+            kinds = Counter(e.key for e in entries)
             if len(entries) < 2 or len(kinds) < 2:
                 continue
             (major, most), (_, second) = kinds.most_common(2)
@@ -77,11 +89,11 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                 continue
             sides: dict[tuple[str, str], list[_Entry]] = {}
             for e in entries:
-                sides.setdefault(_key(e.op), []).append(e)
+                sides.setdefault(e.key, []).append(e)
             parts = [f"{ranks_text(e.rank for e in es)} in {es[0].op.op} #{seq}"
                      + (f" {op_tensors(es[0].op.sizes, es[0].op.dtype)}" if es[0].op.sizes else "")
                      for _, es in sorted(sides.items(), key=lambda kv: kv[0] != major)]
-            odd = sorted(e.rank for e in entries if _key(e.op) != major)
+            odd = sorted(e.rank for e in entries if e.key != major)
             caveat = ""
             if most == second and not unheard:
                 caveat = " (as many ranks on each side: which one diverged cannot be told)"
@@ -125,27 +137,27 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
         return []  # a one-rank job has no peer to wait for
     out: list[Finding] = []
     for pg in _group_names(states):
-        members = [s for s in states if group(s, pg) is not None]
-        seqs = {s.rank: g.seq for s in members if (g := group(s, pg)) is not None}
+        groups = {s.rank: g for s in states if (g := group(s, pg)) is not None}  # one lookup per rank
+        seqs = {rank: g.seq for rank, g in groups.items()}
         top = max(seqs.values(), default=0)
         if top == 0:
             continue  # start-up: no collective entered yet
-        pending = _pending_by_seq(members, pg, now).get(top, [])
-        if len({_key(e.op) for e in pending}) > 1:
+        pending = _pending_by_seq(states, pg, now).get(top, [])
+        if len({e.key for e in pending}) > 1:
             continue  # a mismatch: collective_mismatch explains it
         waiting = {e.rank: e for e in pending}
         # Without Flight Recorder data, a rank at the top seq that has not moved is waiting too.
-        for s in members:
-            g = group(s, pg)
-            if g is not None and s.rank not in waiting and g.seq == top and not g.pending \
+        for rank, g in groups.items():
+            if rank not in waiting and g.seq == top and not g.pending \
                     and g.seq_changed_at and now - g.seq_changed_at >= config.stall_s:
-                waiting[s.rank] = _Entry(s.rank, PendingOp(seq=top, op=_UNKNOWN_OP), now - g.seq_changed_at)
+                op = PendingOp(seq=top, op=_UNKNOWN_OP)
+                waiting[rank] = _Entry(rank, op, now - g.seq_changed_at, _key(op))
         if not waiting:
             continue
         age = min(e.age for e in waiting.values())
         behind = {r: q for r, q in seqs.items() if q < top}
         gone = {r: st for r, st in _gone_ranks(snapshot).items() if r not in seqs}
-        size = max((g.size for s in members if (g := group(s, pg)) is not None), default=0)
+        size = max((g.size for g in groups.values()), default=0)
         if pg == "0" or size == snapshot.job.world_size:
             for r in snapshot.job.unreachable:
                 gone.setdefault(r, "did not report")
