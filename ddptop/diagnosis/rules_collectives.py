@@ -9,9 +9,9 @@ age, and "every rank in the same collective, young" is a legitimately slow save.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, op_age, ranks_text
+from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
@@ -24,8 +24,7 @@ from ddptop.textfmt import op_tensors, op_text
 _UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):  # a tuple: thousands per diagnosis in a hang, a frozen dataclass cost 4x
     rank: int
     op: PendingOp
     age: float
@@ -43,8 +42,12 @@ def _collect_pending(states: list[RankState], pg: str, now: float) -> dict[int, 
         g = group(s, pg)
         if g is None or not g.pending:
             continue
+        since_sample = max(0.0, now - s.time)
         for op in g.pending:
-            out.setdefault(op.seq, []).append(_Entry(s.rank, op, op_age(op, s, now), _key(op)))
+            # op_age and _key inline: in a hang this runs for every rank
+            age = op.age_s + since_sample if s.time else op.age_s
+            key = (op.op, repr(op.sizes) if op.sizes else "")
+            out.setdefault(op.seq, []).append(_Entry(s.rank, op, age, key))
     return out
 
 
@@ -102,10 +105,9 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
             out.append(Finding(
                 kind="collective_mismatch", severity="critical", ranks=odd,
                 title=f"collective mismatch in group {pg} at #{seq}: " + "; ".join(parts) + caveat,
-                evidence=[f"rank {e.rank}: {op_text(e.op)} #{seq}, waiting {human_duration(e.age)}"
-                          for e in sorted(entries, key=lambda e: e.rank)]
-                + [f"these ranks entered collective #{seq} with different calls: it can never complete"
-                   f" (oldest waits {human_duration(oldest)})"],
+                evidence=[*_waiting_lines(entries, seq),
+                          f"these ranks entered collective #{seq} with different calls: it can never complete"
+                          f" (oldest waits {human_duration(oldest)})"],
                 remedy=("the ranks took different code paths: usually one rank ran out of batches first "
                         "(unequal dataset split) and went on to save/evaluate; give every rank the same "
                         "number of batches (seeded split, DistributedSampler) and guard rank-dependent "
@@ -113,6 +115,26 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                 since=now - oldest,
             ))
     return out
+
+
+def _waiting_lines(entries: list[_Entry], seq: int) -> list[str]:
+    """'rank 3: all_reduce [64] float32 #12, waiting 40s' per entry, by rank.
+
+    A desync at 32,768 ranks has a line per rank, and the ops and ages repeat: each distinct
+    op's text (a function of its name, sizes and dtype) and each age's words are made once.
+    """
+    ops: dict[tuple[tuple[str, str], str], str] = {}
+    ages: dict[float, str] = {}
+    lines: list[str] = []
+    for e in sorted(entries, key=lambda e: e.rank):
+        what = ops.get((e.key, e.op.dtype))
+        if what is None:
+            what = ops[(e.key, e.op.dtype)] = op_text(e.op)
+        waited = ages.get(e.age)
+        if waited is None:
+            waited = ages[e.age] = human_duration(e.age)
+        lines.append(f"rank {e.rank}: {what} #{seq}, waiting {waited}")
+    return lines
 
 
 def _unheard(states: list[RankState], pg: str, seq: int, entries: list[_Entry]) -> int:
