@@ -164,7 +164,7 @@ async def _painted(pilot) -> None:  # type: ignore[no-untyped-def]
 
 
 def _states(app) -> list[object]:  # type: ignore[no-untyped-def]
-    return [v.state for v in app.model.ranks.values()]
+    return [v.base for v in app.model.ranks.values()]  # base: no merge of a waiting pulse
 
 
 def tui_available() -> str:

@@ -20,7 +20,7 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.source import Emit, PulseSink, StacksResult
+from ddptop.source import Emit, PulseSink, StacksResult, StatesResult
 
 NOW = 1_700_000_000.0
 
@@ -89,6 +89,14 @@ class FakeSource:
         wanted = list(ranks) if ranks is not None else sorted(self.stacks)
         return StacksResult({r: self.stacks[r] for r in wanted if r in self.stacks},
                             {r: "not connected" for r in wanted if r not in self.stacks})
+
+    def request_states(self, ranks: Sequence[int], timeout: float = 5.0) -> StatesResult:
+        """None available: a fake job has nothing fresher than what it emitted."""
+        return StatesResult({}, {}, dict.fromkeys(ranks, "not available here"))
+
+    def on_demand_stale(self, rank: int) -> bool:
+        """Every state it emits is whole: nothing to fetch."""
+        return False
 
     def request_fr_traces(self, ranks: Sequence[int] | None = None,
                           timeout: float = 5.0) -> dict[int, FrTraceMsg]:

@@ -17,7 +17,7 @@ from ddptop.bundle.reader import build_model, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.model.job import JobModel
 from ddptop.protocol import FrTraceMsg
-from ddptop.source import Emit, PulseSink, StacksResult
+from ddptop.source import Emit, PulseSink, StacksResult, StatesResult
 
 
 class RecordedJob:
@@ -56,6 +56,14 @@ class RecordedJob:
         stacks = {r: v.stacks for r in wanted
                   if (v := self._final.ranks.get(r)) is not None and v.stacks is not None}
         return StacksResult(stacks, {r: "no stacks recorded" for r in wanted if r not in stacks})
+
+    def request_states(self, ranks: Sequence[int], timeout: float = 5.0) -> StatesResult:
+        """None: a recording has nothing fresher than the states it holds."""
+        return StatesResult({}, {}, dict.fromkeys(ranks, "not available here"))
+
+    def on_demand_stale(self, rank: int) -> bool:
+        """Every state it emits is whole: nothing to fetch."""
+        return False
 
     def request_fr_traces(self, ranks: Sequence[int] | None = None,
                           timeout: float = 5.0) -> dict[int, FrTraceMsg]:
