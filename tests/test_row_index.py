@@ -17,10 +17,10 @@ from ddptop.agent.digest import DigestBuilder
 from ddptop.client.digest_view import DigestView
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, StateMsg
+from ddptop.testing.synthetic_ranks import FakeRanks
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.row_index import RowIndex, RowSequence
 from ddptop.tui.rows import GroupRow, RankRow, build_rows
-from ddptop.testing.synthetic_ranks import FakeRanks
 from ddptop.tui.widgets.rank_table import RankTable
 from tests.probes_tui.fakes import NOW, state
 
