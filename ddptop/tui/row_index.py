@@ -23,16 +23,14 @@ from typing import overload
 from ddptop.diagnosis.desync import (
     BAD_STATUS,
     MISMATCH,
-    STUCK_AFTER_S,
     JobLeads,
     RankFacts,
-    facts_of,
     marks_of,
-    oldest_pending,
 )
-from ddptop.model.job import JobModel, RankView
+from ddptop.model.job import JobModel
 from ddptop.status import Status
 from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
+from ddptop.tui.view_facts import facts_of_view, pulse_facts
 
 GROUP_FROM_RANKS = 1024  # at or below, every rank has its row (RowBuilder, as always)
 VIEWS = ("ranks", "odd", "node", "status", "collective")
@@ -120,6 +118,7 @@ class RowIndex:
         self._keys: dict[int, tuple[tuple[str, ...], ...]] = {}  # per kind of _KINDS
         self._groups: dict[str, dict[tuple[str, ...], set[int]]] = {k: {} for k in _KINDS}
         self._memo: dict[int, tuple[int, str, RankRow]] = {}
+        self._detail: dict[int, object] = {}  # the state object each rank's facts were read over
         self._all: tuple[tuple[int, int], list[int], list[int]] = ((-1, -1), [], [])  # all, unknown
 
     # ------------------------------------------------------------ upkeep
@@ -133,8 +132,24 @@ class RowIndex:
             prev = self.statuses
             changed.update([r for r, s in statuses.items() if prev.get(r) != s])
         self.statuses = statuses
+        views, facts, detail = self.model.ranks, self._facts, self._detail
+        seq_of, step_of = self._seq, self._step
         for rank in changed:
-            self._update(rank, statuses[rank])
+            status, view, old = statuses[rank], views[rank], facts.get(rank)
+            # The usual change at scale: a pulse over the detail the last facts came from.
+            f = pulse_facts(view, old, status) if old is not None and detail.get(rank) is view.base else None
+            if f is None or old is None:
+                self._update(rank, status)
+                detail[rank] = view.base
+                continue
+            facts[rank] = f
+            step_of[rank] = f.step
+            if f.seq != old.seq:
+                _set(seq_of, rank, f.seq)
+            if f.seq_stuck != old.seq_stuck:
+                _flag(self._seq_stuck, rank, f.seq_stuck)
+            if f.step_stuck != old.step_stuck:
+                _flag(self._step_stuck, rank, f.step_stuck)
         self.leads = leads = JobLeads(max(self._seq.values(), default=0), max(self._step.values(), default=0),
                                       _majority(self._bpes), len(self._bpes), self._ops)
         facts = self._facts
@@ -147,7 +162,7 @@ class RowIndex:
         # Inline and field by field, only what moved: 8,192 ranks per redraw at 32,768 ranks.
         view = self.model.ranks[rank]
         st = view.base  # host is a detail field: no merge of a waiting pulse
-        f = _facts(view, status)
+        f = facts_of_view(view, status)
         old = self._facts.get(rank)
         self._facts[rank] = f
         if f.has_state:
@@ -310,31 +325,6 @@ class RowIndex:
     def toggle(self, key: tuple[str, ...]) -> None:
         """Expand or fold the group ``(kind, *key)``."""
         self.expanded ^= {key}
-
-
-def _facts(view: RankView, status: str) -> RankFacts:
-    """``facts_of`` of the view's state with shortcuts for the usual rank (one process group,
-    at most one op in flight): at 32,768 ranks every rank changes each second, and facts_of's
-    general search for the oldest op was a third of the index's upkeep. A pulse not merged
-    yet (the digest lane) is read as is when no op is in flight: merging it costs ~25 us,
-    most of a rank's upkeep. Equal to facts_of (tests/test_row_index.py holds them equal)."""
-    base, pulse = view.base, view.pulse
-    if pulse is not None and base is not None and len(base.collectives) == 1 and \
-            not base.collectives[0].pending and len(pulse.seqs) == 1 and len(pulse.seq_changed_at) == 1:
-        t, changed, last_step = pulse.sample.time, pulse.seq_changed_at[0], pulse.last_step_at
-        return RankFacts(status, True, pulse.seqs[0], None, pulse.sample.step, base.batches_per_epoch,
-                         bool(changed) and t - changed >= STUCK_AFTER_S,
-                         bool(last_step) and t - last_step >= STUCK_AFTER_S)
-    state = view.state
-    if state is None or len(state.collectives) != 1:
-        return facts_of(state, status)
-    group = state.collectives[0]
-    pending = group.pending
-    op = (pending[0] if len(pending) == 1 else oldest_pending(state)) if pending else None
-    changed, last_step = group.seq_changed_at, state.last_step_at
-    return RankFacts(status, True, group.seq, op, state.step, state.batches_per_epoch,
-                     bool(changed) and state.time - changed >= STUCK_AFTER_S,
-                     bool(last_step) and state.time - last_step >= STUCK_AFTER_S)
 
 
 def _worst(status: str, marks: list[str]) -> int:

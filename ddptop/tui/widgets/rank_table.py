@@ -84,6 +84,8 @@ class RankTable(ScrollView, can_focus=True):
         self.shown_rows: Sequence[RankRow | GroupRow] = []
         self._lazy: RowSequence | None = None
         self._every_row: Callable[[], list[RankRow]] | None = None
+        # (how, the rows, what they gave): the last filter and sort, see _rebuild
+        self._sorted: tuple[tuple[int, str, str, bool], list[RankRow], list[RankRow]] | None = None
         self._full: tuple[float, list[RankRow]] | None = None
         self.sort_key = "rank"
         self.sort_reverse = False
@@ -113,10 +115,17 @@ class RankTable(ScrollView, can_focus=True):
             self.shown_rows = self._lazy
         else:
             rows = self._all if self._every_row is None else self._every_rows()
-            matching = filter_rows(rows, self.filter_query)
-            # Rows come in rank order: the default sort is already done (4096 rows, every redraw).
-            self.shown_rows = matching if self.sort_key == "rank" and not self.sort_reverse \
-                else sort_rows(matching, self.sort_key, self.sort_reverse)
+            # The same rows, filter and order as the last rebuild (a key press, a redraw between
+            # two refreshes of every row): the same result, without sorting 32,768 rows again.
+            how = (id(rows), self.filter_query, self.sort_key, self.sort_reverse)
+            if self._sorted is not None and self._sorted[0] == how and self._sorted[1] is rows:
+                self.shown_rows = self._sorted[2]
+            else:
+                matching = filter_rows(rows, self.filter_query)
+                # Rows come in rank order: the default sort is already done (4096 rows, every redraw).
+                self.shown_rows = matching if self.sort_key == "rank" and not self.sort_reverse \
+                    else sort_rows(matching, self.sort_key, self.sort_reverse)
+                self._sorted = (how, rows, self.shown_rows)
         self.virtual_size = Size(_LINE_WIDTH, len(self.shown_rows) + 1)
         shown = self.shown_rows
         idx: int | None = None
