@@ -16,7 +16,10 @@ from the UI):
 
 * ``snapshot``: ``model.snapshot(now)``;
 * ``histories``: ``recent_histories(model, now, window_s + margin)``;
-* one row per rule of ``RULES``, given that snapshot and those histories;
+* one row per rule of ``RULES``, given that snapshot and those histories, called on its own:
+  what it derives alike with other rules (the active ranks, the rate windows: see
+  ``ddptop.diagnosis.memo``) it computes itself here, so the rows add up to more than
+  the total, where that is done once (straggler and input_bound each show the windows);
 * ``total``: ``findings_for_model(model, now)`` end to end, the figure the dashboard pays
   (its background thread waits 5x this between runs).
 

@@ -1,11 +1,11 @@
 """The diagnosis's shortcuts for large jobs find exactly what the full path finds.
 
 ``findings_for_model`` shares derived results between rules (:mod:`ddptop.diagnosis.memo`),
-computes the rate windows' medians without copying (:mod:`ddptop.diagnosis.windows`) and
-lets straggler judge only the ranks that can qualify. The reference here is the path as it
-was before those shortcuts: every rule on its own, each rank's history window chosen by its
-view's own status, windows copied and their medians taken by ``common.median``, every
-settled rank judged. Both run on synthetic jobs of a few
+computes the rate windows' medians without copying and as each history is copied
+(:mod:`ddptop.diagnosis.windows`), and lets straggler judge only the ranks that can qualify.
+The reference here is the path as it was before those shortcuts: every rule on its own,
+each rank's history window chosen by its view's own status, windows copied and their
+medians taken by ``common.median``, every settled rank judged. Both run on synthetic jobs of a few
 thousand ranks in every scenario of the generator, plus a straggler, an input-bound rank,
 a restarted rank and ended ranks, and must give equal findings. No timing here: speed
 lives in ``bench/diagnosis_scale.py``.
@@ -95,8 +95,9 @@ def _reference_settled(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     return out
 
 
-def _reference_histories(model: JobModel, now: float, span_s: float) -> dict[int, list[Sample]]:
-    """recent_histories as before: each view asked its own status."""
+def _reference_histories(model: JobModel, now: float, span_s: float,
+                         copied: object = None) -> dict[int, list[Sample]]:
+    """recent_histories as before: each view asked its own status (no window measured meanwhile)."""
     since = now - span_s
     return {rank: list(view.history) if view.status(now) in GONE else recent_samples(view.history, since)
             for rank, view in model.ranks.items()}
@@ -112,7 +113,8 @@ def full_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The diagnosis without its shortcuts: no memo, copied windows, every settled rank judged."""
     with monkeypatch.context() as patch:
         patch.setattr(diagnosis_engine, "one_diagnosis", contextlib.nullcontext)
-        patch.setattr(diagnosis, "recent_histories", _reference_histories)
+        patch.setattr(diagnosis, "one_diagnosis", contextlib.nullcontext)
+        patch.setattr(diagnosis, "_copy_histories", _reference_histories)
         patch.setattr(rules_progress, "settled", _reference_settled)
         patch.setattr(rules_progress, "_suspects", lambda windows, *_: set(windows))
         yield
@@ -120,10 +122,33 @@ def full_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _both(model: JobModel, now: float,
           monkeypatch: pytest.MonkeyPatch) -> tuple[list[Finding], list[Finding]]:
-    fast = findings_for_model(model, now)
-    with full_path(monkeypatch):
+    """Findings of the fast and the full path; the rate windows the rules read must be equal too
+    (findings round medians to a few digits: a window one sample off could pass unseen)."""
+    fast_windows: list[WindowValues] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(rules_progress, "settled", _recording(rules_progress.settled, fast_windows))
+        fast = findings_for_model(model, now)
+    full_windows: list[WindowValues] = []
+    with full_path(monkeypatch), monkeypatch.context() as patch:
+        patch.setattr(rules_progress, "settled", _recording(rules_progress.settled, full_windows))
         full = findings_for_model(model, now)
+    assert fast_windows == full_windows
     return fast, full
+
+
+WindowValues = dict[int, tuple[float | None, float | None, float | None, list[Sample]]]
+Settled = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], dict[int, Window]]
+
+
+def _recording(settled: Settled, seen: list[WindowValues]) -> Settled:
+    """*settled* that also notes every window it gives: its medians and its samples."""
+    def recorded(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                 config: DiagnosisConfig) -> dict[int, Window]:
+        windows = settled(snapshot, histories, now, config)
+        seen.append({rank: (w.step_time_s, w.data_wait, w.ready_batches(), list(w.samples[w.start:]))
+                     for rank, w in windows.items()})
+        return windows
+    return recorded
 
 
 @pytest.fixture(scope="module")

@@ -134,9 +134,10 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
     out: list[Finding] = []
     steps_sorted = sorted([w.step_time_s for w in windows.values() if w.step_time_s is not None])
     waits_sorted = sorted([w.data_wait for w in windows.values() if w.data_wait is not None])
-    progress = {s.rank: s.step for s in active(snapshot)}
-    progress_sorted = sorted(float(v) for v in progress.values())
-    by_rank = snapshot.by_rank()
+    # Made for the first rank found only (a pass over every rank; most diagnoses find none).
+    by_rank: dict[int, RankState] = {}
+    progress: dict[int, int] = {}
+    progress_sorted: list[float] = []
     for rank in sorted(_suspects(windows, steps_sorted, waits_sorted, config) | set(late)):
         window = windows.get(rank)
         step, wait = (window.step_time_s, window.data_wait) if window is not None else (None, None)
@@ -162,6 +163,10 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
                            f"{entry.last_seq}){share}; the others {o_late * 1000:.0f} ms")
         if not why:
             continue
+        if not by_rank:
+            by_rank = snapshot.by_rank()
+            progress = {s.rank: s.step for s in active(snapshot)}
+            progress_sorted = sorted(float(v) for v in progress.values())
         state = by_rank[rank]
         others_step = median_without(progress_sorted, float(progress[rank])) \
             if rank in progress else None
