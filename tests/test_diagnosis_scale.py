@@ -17,6 +17,7 @@ import bisect
 import contextlib
 import random
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 
 import msgspec
 import pytest
@@ -24,6 +25,7 @@ import pytest
 from ddptop import diagnosis
 from ddptop.diagnosis import GONE, findings_for_model, recent_samples, rules_progress
 from ddptop.diagnosis import engine as diagnosis_engine
+from ddptop.diagnosis import windows as diagnosis_windows
 from ddptop.diagnosis.common import active, fresh_ranks, median
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
@@ -126,11 +128,11 @@ def _both(model: JobModel, now: float,
     (findings round medians to a few digits: a window one sample off could pass unseen)."""
     fast_windows: list[WindowValues] = []
     with monkeypatch.context() as patch:
-        patch.setattr(rules_progress, "settled", _recording(rules_progress.settled, fast_windows))
+        patch.setattr(rules_progress, "settled", _recording(diagnosis_windows.settled, fast_windows))
         fast = findings_for_model(model, now)
     full_windows: list[WindowValues] = []
     with full_path(monkeypatch), monkeypatch.context() as patch:
-        patch.setattr(rules_progress, "settled", _recording(rules_progress.settled, full_windows))
+        patch.setattr(rules_progress, "settled", _recording(_reference_settled, full_windows))
         full = findings_for_model(model, now)
     assert fast_windows == full_windows
     return fast, full
@@ -200,7 +202,7 @@ def test_window_median_equals_common_median() -> None:
         start = rng.randrange(0, n + 1)
         for field in ("step_time_s", "loader_ready_batches"):
             expected = median(getattr(s, field) for s in samples[start:])
-            assert window_median(samples, start, lambda s, f=field: getattr(s, f)) == expected
+            assert window_median(samples, start, attrgetter(field)) == expected
 
 
 def test_straggler_suspects_never_drop_a_qualifying_rank(monkeypatch: pytest.MonkeyPatch) -> None:
