@@ -1,8 +1,8 @@
 """The diagnosis's shortcuts for large jobs find exactly what the full path finds.
 
 ``findings_for_model`` shares derived results between rules (:mod:`ddptop.diagnosis.memo`),
-computes the rate windows' medians without copying and as each history is copied
-(:mod:`ddptop.diagnosis.windows`), and lets straggler judge only the ranks that can qualify.
+computes the rate windows' medians without copying (:mod:`ddptop.diagnosis.windows`), and
+lets straggler judge only the ranks that can qualify.
 The reference here is the path as it was before those shortcuts: every rule on its own,
 each rank's history window chosen by its view's own status, windows copied and their
 medians taken by ``common.median``, every settled rank judged. Both run on synthetic jobs of a few
@@ -97,9 +97,8 @@ def _reference_settled(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     return out
 
 
-def _reference_histories(model: JobModel, now: float, span_s: float,
-                         copied: object = None) -> dict[int, list[Sample]]:
-    """recent_histories as before: each view asked its own status (no window measured meanwhile)."""
+def _reference_histories(model: JobModel, now: float, span_s: float) -> dict[int, list[Sample]]:
+    """recent_histories as before: each view asked its own status."""
     since = now - span_s
     return {rank: list(view.history) if view.status(now) in GONE else recent_samples(view.history, since)
             for rank, view in model.ranks.items()}
@@ -115,8 +114,7 @@ def full_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The diagnosis without its shortcuts: no memo, copied windows, every settled rank judged."""
     with monkeypatch.context() as patch:
         patch.setattr(diagnosis_engine, "one_diagnosis", contextlib.nullcontext)
-        patch.setattr(diagnosis, "one_diagnosis", contextlib.nullcontext)
-        patch.setattr(diagnosis, "_copy_histories", _reference_histories)
+        patch.setattr(diagnosis, "recent_histories", _reference_histories)
         patch.setattr(rules_progress, "settled", _reference_settled)
         patch.setattr(rules_progress, "_suspects", lambda windows, *_: set(windows))
         yield

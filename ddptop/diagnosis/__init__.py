@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import islice
 from operator import attrgetter
 
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.engine import RULES, diagnose
 from ddptop.diagnosis.finding import KINDS, SEVERITY_ORDER, Finding, FindingsReport
-from ddptop.diagnosis.memo import one_diagnosis
-from ddptop.diagnosis.windows import WindowsWhileCopying
 from ddptop.model.job import JobModel
 from ddptop.protocol import Sample
 from ddptop.status import ENDED, Status
@@ -38,12 +36,7 @@ def findings_for_model(model: JobModel, now: float, config: DiagnosisConfig | No
     # a little behind the viewer's. More history only costs: at 4096 ranks every sample
     # copied is a cache miss (~60 ms per 30 s of samples).
     span = config.window_s + HISTORY_MARGIN_S
-    snapshot = model.snapshot(now)
-    with one_diagnosis():  # diagnose joins it: the windows measured while copying are its own
-        measuring = WindowsWhileCopying(snapshot, now, config)
-        histories = _copy_histories(model, now, span, measuring.copied)
-        measuring.publish(histories)
-        return diagnose(snapshot, histories, now, config)
+    return diagnose(model.snapshot(now), recent_histories(model, now, span), now, config)
 
 
 def recent_histories(model: JobModel, now: float, span_s: float) -> dict[int, list[Sample]]:
@@ -53,12 +46,6 @@ def recent_histories(model: JobModel, now: float, span_s: float) -> dict[int, li
     thousands of ranks once a second would cost the dashboard more than the rules do.
     Ranks that are gone keep everything: "last alive at step N" needs their last samples.
     """
-    return _copy_histories(model, now, span_s, None)
-
-
-def _copy_histories(model: JobModel, now: float, span_s: float,
-                    copied: Callable[[int, list[Sample]], None] | None) -> dict[int, list[Sample]]:
-    """recent_histories, telling *copied* each running rank's copy as soon as it is made."""
     out: dict[int, list[Sample]] = {}
     since = now - span_s
     # The model's status index (kept up to date by apply; the snapshot just asked it for the
@@ -70,9 +57,7 @@ def _copy_histories(model: JobModel, now: float, span_s: float,
         if (status if status is not None else view.status(now)) in GONE:
             out[rank] = list(view.history)
             continue
-        tail = out[rank] = recent_samples(view.history, since)
-        if copied is not None:
-            copied(rank, tail)
+        out[rank] = recent_samples(view.history, since)
     return out
 
 

@@ -27,14 +27,7 @@ _MEMO: ContextVar[dict[Hashable, Any] | None] = ContextVar("ddptop_diagnosis_mem
 
 @contextmanager
 def one_diagnosis() -> Iterator[None]:
-    """Share derived results between the rules run inside this block (one diagnosis).
-
-    Inside another such block it joins that one: ``findings_for_model`` opens the memo before
-    copying the histories (and measures the windows meanwhile), ``diagnose`` then reads it.
-    """
-    if _MEMO.get() is not None:
-        yield
-        return
+    """Share derived results between the rules run inside this block (one diagnosis)."""
     token = _MEMO.set({})
     try:
         yield
@@ -54,7 +47,7 @@ def shared(name: str, inputs: tuple[object, ...], values: tuple[Hashable, ...],
     memo = _MEMO.get()
     if memo is None:
         return compute()
-    key = _key(name, inputs, values)
+    key = (name, tuple(id(x) for x in inputs), values)
     found = memo.get(key)
     if found is not None:
         return found[1]  # type: ignore[no-any-return]
@@ -62,14 +55,3 @@ def shared(name: str, inputs: tuple[object, ...], values: tuple[Hashable, ...],
     memo[key] = (inputs, result)
     return result
 
-
-def prime(name: str, inputs: tuple[object, ...], values: tuple[Hashable, ...], result: object) -> None:
-    """Store what :func:`shared` would compute for these arguments, already computed another
-    way (equal by construction: the caller's duty); nothing outside :func:`one_diagnosis`."""
-    memo = _MEMO.get()
-    if memo is not None:
-        memo[_key(name, inputs, values)] = (inputs, result)
-
-
-def _key(name: str, inputs: tuple[object, ...], values: tuple[Hashable, ...]) -> Hashable:
-    return (name, tuple(id(x) for x in inputs), values)

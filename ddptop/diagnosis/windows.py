@@ -19,7 +19,7 @@ from typing import cast
 
 from ddptop.diagnosis.common import active, fresh_ranks
 from ddptop.diagnosis.config import DiagnosisConfig
-from ddptop.diagnosis.memo import prime, shared
+from ddptop.diagnosis.memo import shared
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 
@@ -80,43 +80,6 @@ def _window(samples: list[Sample], state: RankState, since_window: float,
         return None
     return Window(samples, start, window_median(samples, start, _step_time),
                   window_median(samples, start, _data_wait))
-
-
-class WindowsWhileCopying:
-    """Measures each judged rank's window as soon as its history is copied, while its samples
-    are still in the CPU cache: measured later, every sample is a cache miss again (the copy
-    and the medians each cost ~10 us per rank at 16,384 ranks, mostly memory latency).
-
-    :meth:`publish` hands the result to the memo of the diagnosis under way as what
-    :func:`settled` computes; a rank whose list in the histories is not the one measured is
-    measured again there, so the result is :func:`settled`'s whatever the caller did.
-    """
-
-    def __init__(self, snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> None:
-        self.snapshot, self.now, self.config = snapshot, now, config
-        self._judged = {s.rank: s for s in _judged(snapshot, now, config)}
-        self._since = now - config.window_s
-        self._measured: dict[int, Window | None] = {}
-        self._copies: dict[int, list[Sample]] = {}
-
-    def copied(self, rank: int, samples: list[Sample]) -> None:
-        """*rank*'s history was just copied into *samples*."""
-        state = self._judged.get(rank)
-        if state is not None:
-            self._measured[rank] = _window(samples, state, self._since, self.config)
-            self._copies[rank] = samples
-
-    def publish(self, histories: dict[int, list[Sample]]) -> None:
-        """Give the diagnosis that follows (same snapshot, *histories*, now, config) these windows."""
-        out: dict[int, Window] = {}
-        empty: list[Sample] = []
-        for rank, state in self._judged.items():  # active order, as settled() gives
-            samples = histories.get(rank, empty)
-            window = self._measured.get(rank) if self._copies.get(rank) is samples else \
-                _window(samples, state, self._since, self.config)
-            if window is not None:
-                out[rank] = window
-        prime("settled", (self.snapshot, histories), (self.now, self.config), out)
 
 
 def window_median(samples: Sequence[Sample], start: int,
