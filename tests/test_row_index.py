@@ -20,7 +20,7 @@ from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, State
 from ddptop.testing.synthetic_ranks import FakeRanks
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.row_index import RowIndex, RowSequence
-from ddptop.tui.rows import GroupRow, RankRow, build_rows
+from ddptop.tui.rows import _SORT_KEYS, GroupRow, RankRow, build_rows, sort_rows
 from ddptop.tui.widgets.rank_table import RankTable
 from tests.probes_tui.fakes import NOW, state
 
@@ -60,6 +60,29 @@ def test_ranks_view_equals_build_rows(stream: list[tuple[Event, bool]]) -> None:
             assert _rows(index, NOW) == build_rows(model, NOW)
     for now in (NOW, NOW + 10.0):
         assert _rows(index, now) == build_rows(model, now)
+
+
+def _same_order(index: RowIndex, seq: RowSequence) -> None:
+    """Sorted by any column either way, the index's order is sort_rows' order of every row."""
+    rows = index.every_row()
+    for key in _SORT_KEYS:
+        for reverse in (False, True):
+            want = sort_rows(rows, key, reverse)
+            got = seq.sorted(key, reverse)
+            assert [r.rank for r in got] == [r.rank for r in want], (key, reverse)
+            assert list(got) == want, (key, reverse)
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams)
+def test_sorted_by_any_column_equals_sort_rows_of_every_row(stream: list[tuple[Event, bool]]) -> None:
+    model = JobModel()
+    index = RowIndex(model, view="ranks")
+    for event, read in stream:
+        model.apply(event)
+        if read:
+            _same_order(index, index.refresh(NOW))
+    _same_order(index, index.refresh(NOW + 10.0))
 
 
 @settings(max_examples=80, deadline=None)
@@ -139,12 +162,13 @@ def test_app_at_2048_ranks_odd_first_views_cycle_and_groups_expand() -> None:
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("scenario", ["healthy", "hang", "desync", "silent"])
-def test_rows_from_pulses_not_merged_equal_rows_from_whole_states(scenario: str) -> None:
+@pytest.mark.parametrize(("scenario", "gpu"), [("healthy", True), ("hang", False), ("desync", True),
+                                              ("silent", False)])
+def test_rows_from_pulses_not_merged_equal_rows_from_whole_states(scenario: str, gpu: bool) -> None:
     """The digest lane's model keeps pulses unmerged (JobModel, PulseBatch) and the index reads
     them as they are: its rows equal build_rows over a model fed the same states whole."""
     t0 = NOW - 20.0
-    fake = FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0)
+    fake = FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0, fake_gpu=gpu)
     builders = [DigestBuilder(f"node-{n}") for n in range(fake.n_nodes)]
     views = [DigestView() for _ in builders]
     lane, whole = JobModel(), JobModel()
@@ -172,3 +196,4 @@ def test_rows_from_pulses_not_merged_equal_rows_from_whole_states(scenario: str)
                 lane.apply(event)
         assert any(v.pulse is not None for v in lane.ranks.values())
         assert _rows(index, now) == build_rows(whole, now), tick
+        _same_order(index, index.refresh(now))

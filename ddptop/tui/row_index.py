@@ -30,6 +30,7 @@ from ddptop.diagnosis.desync import (
 from ddptop.model.job import JobModel
 from ddptop.status import Status
 from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
+from ddptop.tui.sort_index import sorted_ranks
 from ddptop.tui.view_facts import facts_of_view, pulse_facts
 
 GROUP_FROM_RANKS = 1024  # at or below, every rank has its row (RowBuilder, as always)
@@ -83,6 +84,10 @@ class RowSequence(Sequence[Shown]):
             return list.index(entries, rank)  # type: ignore[arg-type]  # C-level; groups compare by identity
         except ValueError:
             return None
+
+    def sorted(self, key: str, reverse: bool) -> RowSequence:
+        """Every rank's row ordered by column *key* as ``sort_rows`` orders them (built when painted)."""
+        return RowSequence(self._index, sorted_ranks(self._index, self._index.known(), key, reverse), False)
 
     def index_of_group(self, key: tuple[str, ...]) -> int | None:
         """Where the group row ``(kind, *key)`` is."""
@@ -281,6 +286,14 @@ class RowIndex:
         built.marks = marks_of(f, leads)
         built.seq_lag = leads.max_seq - built.seq if built.seq is not None else 0
         return built
+
+    def facts(self, rank: int) -> RankFacts:
+        """What *rank*'s row and marks were read from at the last refresh."""
+        return self._facts[rank]
+
+    def known(self) -> list[int]:
+        """Every rank id shown (known and never heard from), ascending."""
+        return self._known()[0]
 
     def every_row(self) -> list[RankRow]:
         """Every rank's row in rank order (a sort by another column, a filter: O(ranks))."""

@@ -86,6 +86,8 @@ class RankTable(ScrollView, can_focus=True):
         self._every_row: Callable[[], list[RankRow]] | None = None
         # (how, the rows, what they gave): the last filter and sort, see _rebuild
         self._sorted: tuple[tuple[int, str, str, bool], list[RankRow], list[RankRow]] | None = None
+        # (when, (column, reverse), the order): the lazy rows sorted, see _rebuild
+        self._lazy_sorted: tuple[float, tuple[str, bool], RowSequence] | None = None
         self._full: tuple[float, list[RankRow]] | None = None
         self.sort_key = "rank"
         self.sort_reverse = False
@@ -98,6 +100,7 @@ class RankTable(ScrollView, can_focus=True):
     def set_rows(self, rows: list[RankRow]) -> None:
         """Replace the rows (keeps the cursor on the same rank when it is still shown)."""
         self._all, self._lazy, self._every_row, self._full = rows, None, None, None
+        self._lazy_sorted = None
         self._rebuild()
 
     def set_sequence(self, rows: RowSequence, every_row: Callable[[], list[RankRow]]) -> None:
@@ -113,6 +116,14 @@ class RankTable(ScrollView, can_focus=True):
         if self._lazy is not None and not self.filter_query and self.sort_key == "rank" \
                 and not self.sort_reverse:
             self.shown_rows = self._lazy
+        elif self._lazy is not None and not self.filter_query:
+            # Sorted by another column: the order from the index, refreshed once a second
+            # like every row's values below; only the rows painted are built.
+            order, wall = (self.sort_key, self.sort_reverse), time.monotonic()
+            if self._lazy_sorted is None or self._lazy_sorted[1] != order \
+                    or wall - self._lazy_sorted[0] >= FULL_ROWS_EVERY_S:
+                self._lazy_sorted = (wall, order, self._lazy.sorted(*order))
+            self.shown_rows = self._lazy_sorted[2]
         else:
             rows = self._all if self._every_row is None else self._every_rows()
             # The same rows, filter and order as the last rebuild (a key press, a redraw between
