@@ -3,8 +3,9 @@
 straggler and input_bound judge the same windows (the last ``window_s`` of every running
 rank past its warm-up with at least ``min_samples`` samples) by the medians of the same
 fields. At 32,768 ranks that is 32,768 windows: computed once per diagnosis
-(:mod:`ddptop.diagnosis.memo`), without copying a window (a start index into the rank's
-history), and with one C-level pass per field instead of a Python generator per sample.
+(:mod:`ddptop.diagnosis.memo`), the window a start index into the rank's history, and
+each median from one list per field, scanned once in C for None, instead of a generator
+that filters every sample.
 The values are those :func:`ddptop.diagnosis.common.median` gives over a copied window.
 """
 
@@ -24,8 +25,6 @@ from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 
 _time = attrgetter("time")
-_step_time = attrgetter("step_time_s")
-_data_wait = attrgetter("data_wait_fraction")
 _ready = attrgetter("loader_ready_batches")
 
 
@@ -78,17 +77,24 @@ def _window(samples: list[Sample], state: RankState, since_window: float,
     start = bisect.bisect_left(samples, max(since_window, state.start_time), key=_time)
     if len(samples) - start < config.min_samples:
         return None
-    return Window(samples, start, window_median(samples, start, _step_time),
-                  window_median(samples, start, _data_wait))
+    # Comprehensions rather than map(attrgetter): 3.11 specialises these attribute loads (~20%
+    # less per window measured at 8,192 ranks; most of the rest is the samples' cache misses).
+    window = samples[start:] if start else samples
+    return Window(samples, start, median_of([x.step_time_s for x in window]),
+                  median_of([x.data_wait_fraction for x in window]))
 
 
 def window_median(samples: Sequence[Sample], start: int,
                   field: Callable[[Sample], float | int | None]) -> float | None:
     """Median of *field* over ``samples[start:]``, known values only (as ``common.median``)."""
-    values = list(map(field, islice(samples, start, None) if start else samples))
-    if None in values:  # rare (a step time before the first step): filter only then
-        values = [v for v in values if v is not None]
-    known = cast("list[float]", values)
+    return median_of(list(map(field, islice(samples, start, None) if start else samples)))
+
+
+def median_of(values: list[float | None] | list[int | None]) -> float | None:
+    """Median of the known values of *values* (a list of its own: sorted in place), as
+    ``common.median`` gives it, with one C-level scan for None instead of a filter per value."""
+    # A None is rare (a step time before the first step): filter only then.
+    known = cast("list[float]", [v for v in values if v is not None] if None in values else values)
     known.sort()
     n = len(known)
     if not n:
