@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import random
 from collections.abc import Callable, Iterator
 from operator import attrgetter
@@ -207,12 +208,20 @@ def test_straggler_suspects_never_drop_a_qualifying_rank(monkeypatch: pytest.Mon
     """Random step times and waits, crafted to sit near the thresholds: gated == every rank judged."""
     rng = random.Random(5)
     config = DiagnosisConfig()
-    for trial in range(40):
+    found = 0
+    for trial in range(80):
         windows = {}
         for rank in range(rng.randrange(2, 30)):
-            step = rng.choice([None, 0.5, 0.5 * config.straggler_ratio, 0.5 + config.straggler_min_diff_s,
-                               rng.uniform(0.3, 1.2)])
-            wait = rng.choice([None, 0.1, 0.1 + config.straggler_wait_gap, rng.uniform(0.0, 0.6)])
+            # Mostly alike (a straggler is named only when few are), some at or near a threshold.
+            step: float | None = 0.5
+            wait: float | None = 0.25  # 0.25 + gap - 0.25 is the gap exactly: the threshold itself
+            if rng.random() < 0.3:
+                step = rng.choice([None, 0.5 * config.straggler_ratio, 0.5 * config.straggler_ratio + 1e-9,
+                                   0.5 + config.straggler_min_diff_s,
+                                   rng.uniform(0.3, 1.2), *([math.nan, math.inf] if trial % 4 == 0 else [])])
+                gap = 0.25 + config.straggler_wait_gap
+                wait = rng.choice([None, gap, gap - 1e-9, rng.uniform(0.0, 0.8),
+                                   *([math.nan] if trial % 4 == 1 else [])])
             windows[rank] = Window([], 0, step, wait)
         steps = sorted(w.step_time_s for w in windows.values() if w.step_time_s is not None)
         waits = sorted(w.data_wait for w in windows.values() if w.data_wait is not None)
@@ -228,4 +237,6 @@ def test_straggler_suspects_never_drop_a_qualifying_rank(monkeypatch: pytest.Mon
         assert fast == full, trial
         flagged = {r for f in full for r in f.ranks}
         assert flagged <= suspects
+        found += bool(flagged)
+    assert found >= 10, "too few trials name a straggler to show anything"
 

@@ -7,6 +7,7 @@ input_bound judge a window of history, so that one slow sample never raises an a
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from ddptop.diagnosis.common import (
@@ -191,10 +192,13 @@ def _suspects(windows: dict[int, Window], steps_sorted: list[float], waits_sorte
     likewise for the data-wait gap. At 32,768 ranks this skips the per-rank medians, bisects
     and text of the thousands of ranks that cannot qualify.
     """
+    if not config.straggler_ratio > 0 or any(map(math.isnan, steps_sorted)) \
+            or any(map(math.isnan, waits_sorted)):
+        # The bound needs ordered values and a positive factor (NaN sorts nowhere, inf * 0 is
+        # NaN): without them, judge every rank.
+        return set(windows)
     low_step = median_without(steps_sorted, steps_sorted[-1]) if steps_sorted else None
     low_wait = median_without(waits_sorted, waits_sorted[-1]) if waits_sorted else None
-    if config.straggler_ratio < 0 or (low_step is not None and low_step < 0):
-        return set(windows)  # the bound holds only for non-negative numbers: judge every rank
     if low_step is None or len(steps_sorted) < 2:
         slow = {r for r, w in windows.items() if w.step_time_s is not None}
     else:
