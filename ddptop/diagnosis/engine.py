@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ddptop.diagnosis import (
     rules_collectives,
@@ -50,17 +50,37 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# The rules judged over a window of each rank's samples (window_s): half the cost of a
+# diagnosis at 32,768 ranks, and a verdict that cannot change much within seconds.
+RATE_RULES: tuple[Rule, ...] = (rules_progress.straggler, rules_progress.input_bound)
+
+
 def diagnose(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
              config: DiagnosisConfig | None = None) -> list[Finding]:
     """Every finding for the job at *now*, most severe first (pure; the clock is passed in)."""
+    return diagnose_by_rule(snapshot, histories, now, config)[0]
+
+
+def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
+                     config: DiagnosisConfig | None = None, reuse: Mapping[Rule, list[Finding]] | None = None,
+                     ) -> tuple[list[Finding], dict[Rule, list[Finding]]]:
+    """:func:`diagnose`, and each rule's own findings; a rule in *reuse* is not run, its
+    findings there are taken as they are (ddptop.diagnosis.cadence: the rate rules of a big
+    job between two of their runs)."""
     config = config or DiagnosisConfig()
     found: list[tuple[int, Finding]] = []
+    by_rule: dict[Rule, list[Finding]] = {}
     # What several rules derive alike (active ranks, rate windows...) is computed once (memo).
     with one_diagnosis():
         for index, rule in enumerate(RULES):
-            try:
-                found += [(index, f) for f in rule(snapshot, histories, now, config)]
-            except Exception:  # one broken rule must not hide what the others found
-                log.exception("diagnosis rule %s failed", getattr(rule, "__name__", rule))
+            if reuse is not None and rule in reuse:
+                by_rule[rule] = reuse[rule]
+            else:
+                try:
+                    by_rule[rule] = rule(snapshot, histories, now, config)
+                except Exception:  # one broken rule must not hide what the others found
+                    log.exception("diagnosis rule %s failed", getattr(rule, "__name__", rule))
+                    continue
+            found += [(index, f) for f in by_rule[rule]]
     found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
-    return [f for _, f in found]
+    return [f for _, f in found], by_rule

@@ -29,7 +29,7 @@ from ddptop.model.job import JobModel
 from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
-from ddptop.tui.findings import findings, worst
+from ddptop.tui.findings import Cadence, findings, worst
 from ddptop.tui.row_index import GROUP_FROM_RANKS, RowIndex
 from ddptop.tui.rows import RowBuilder
 from ddptop.tui.screens.detail import RankDetail
@@ -109,7 +109,7 @@ class DdptopApp(App[int]):
         self._findings_ranks = -1  # rank count the findings were computed on
         self._buffer = EventBuffer(self._wake)
         self._started = False
-        self._diagnosing = False
+        self._diagnosing, self._cadence = False, Cadence()  # a big job's rate rules every 10 s
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
         self._index: RowIndex | None = None  # above GROUP_FROM_RANKS: visible rows and groups
         self._findings_every = FINDINGS_EVERY_S
@@ -225,7 +225,7 @@ class DdptopApp(App[int]):
         def work() -> None:
             began = time.monotonic()
             try:
-                found = findings(job, now)
+                found = findings(job, now, self._cadence)
             finally:
                 # The worker shares the GIL with the UI: keep it under about a fifth of
                 # the time however big the job (4096 ranks: ~0.2-0.4 s a diagnosis).
