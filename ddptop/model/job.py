@@ -12,6 +12,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import msgspec
 
@@ -189,8 +190,14 @@ class JobModel:
         elif isinstance(message, HistoryMsg):
             view = self.view(message.rank)
             self._changed(view)
+            samples = message.samples
+            if not view.history and all(a.time < b.time for a, b in pairwise(samples)):
+                # An attach: the first history of each of 32,768 ranks, oldest first as a rank
+                # keeps it; nothing to merge or sort.
+                view.history = deque(samples, maxlen=HISTORY_LEN)
+                return
             merged = {s.time: s for s in view.history}
-            merged.update({s.time: s for s in message.samples})
+            merged.update({s.time: s for s in samples})
             view.history = deque(sorted(merged.values(), key=lambda s: s.time), maxlen=HISTORY_LEN)
         elif isinstance(message, StacksMsg):
             view = self.view(message.rank)
