@@ -50,6 +50,7 @@ from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event
 from ddptop.testing.synthetic import ensure_fd_limit, fds_needed, run_in_subprocess
+from ddptop.testing.synthetic_ranks import FakeRanks
 
 REDRAW_TARGET_MS, KEY_TARGET_MS = 50.0, 100.0
 
@@ -83,7 +84,7 @@ def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> 
         counters["events"] += len(batch.pulses)
 
     source = LiveSource(resolve(job_id), digest=digest)
-    attach_began = time.monotonic()
+    attach_began, attach_cpu = time.monotonic(), time.process_time()
     source.start(emit, pulses=pulses)
     try:
         def all_in() -> bool:
@@ -91,16 +92,52 @@ def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> 
                 return sum(1 for v in model.ranks.values() if v.base is not None) >= n
 
         wait_for(all_in, 90 + n / 256, f"state from {n} ranks")  # 32,768 ranks: 218 s
-        attach_s = time.monotonic() - attach_began
+        attach_s, attach_cpu = time.monotonic() - attach_began, time.process_time() - attach_cpu
         time.sleep(1.5)  # let history replies and connect bursts pass: measure the steady stream
         ev0, ap0, cpu0, wall0 = counters["events"], counters["apply_s"], time.process_time(), time.monotonic()
         time.sleep(window)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-        return {"attach_s": attach_s, "cpu_ms_per_s": 1000 * cpu / wall,
+        return {"attach_s": attach_s, "attach_cpu_s": attach_cpu, "cpu_ms_per_s": 1000 * cpu / wall,
                 "apply_ms_per_s": 1000 * (counters["apply_s"] - ap0) / wall,
                 "events_per_s": (counters["events"] - ev0) / wall}
     finally:
         source.stop()
+
+
+def measure_silent(n: int, via: str, extra: tuple[str, ...]) -> dict[str, float]:
+    """A job whose odd rank stops sending (scenario ``silent``, after the viewer attached): how
+    long after that rank's last state arrived the viewer's model calls it stale (the odd view
+    lists stale ranks first). Its own generator, so the healthy measures above are untouched."""
+    rt = Path(tempfile.mkdtemp(prefix="ddptop-silent-"))
+    os.environ["DDPTOP_RUNTIME_DIR"] = str(rt)
+    job_id, quiet_after = f"silent{n}", 45.0 + n / 512  # time to start and attach first
+    odd = FakeRanks(n, job_id, "silent", 1.0, 0.0).odd_rank
+    gen = run_in_subprocess(n, job_id, "silent", 1.0, rt, ready_timeout=600,
+                            extra_args=(*extra, "--desync-after", str(quiet_after)))
+    model, lock = JobModel(), threading.Lock()
+
+    def emit(event: Event) -> None:
+        with lock:
+            model.apply(event)
+
+    def pulses(batch: PulseBatch) -> None:
+        with lock:
+            model.apply(batch)
+
+    source = LiveSource(resolve(job_id), digest=via == "digest")
+    source.start(emit, pulses=pulses)
+    try:
+        deadline = time.monotonic() + quiet_after + 60
+        while time.monotonic() < deadline:
+            with lock:
+                view = model.ranks.get(odd)
+                if view is not None and view.base is not None and model.statuses(time.time())[odd] == "stale":
+                    return {"silent_named_s": time.time() - view.received_at}
+            time.sleep(0.02)
+        return {}
+    finally:
+        source.stop()
+        gen.stop()
 
 
 async def _tui(job_id: str, n: int, presses: int, digest: bool = False) -> dict[str, float]:
@@ -203,6 +240,8 @@ def main() -> int:
     parser.add_argument("--ranks", default="64,1024,4096")
     parser.add_argument("--window", type=float, default=5.0, help="ingest measurement seconds")
     parser.add_argument("--presses", type=int, default=40)
+    parser.add_argument("--silent", action="store_true",
+                        help="also time a rank that stops sending until it is called stale (own job)")
     parser.add_argument("--via", default="ranks",
                         help="ranks, agent (the agents' stream of states), digest (their digest lane), "
                              "comma-separated (alternated)")
@@ -235,10 +274,14 @@ def main() -> int:
                 rows.append((n, via, start_s, ingest, tui))
         finally:
             gen.stop()
+        for row in rows[-len(ways):] if args.silent else ():
+            if runnable(row[1], extra):
+                os.environ["DDPTOP_VIA"] = "ranks" if row[1] == "ranks" else "agent"
+                row[4].update(measure_silent(n, row[1], extra))
         print(f"  done {n} ranks", file=sys.stderr, flush=True)
-    head = (f"{'ranks':>6} {'via':>6} {'gen start s':>11} {'attach s':>8} {'events/s':>8} "
+    head = (f"{'ranks':>6} {'via':>6} {'gen start s':>11} {'attach s':>8} {'(CPU)':>5} {'events/s':>8} "
             f"{'ingest CPU ms/s':>15} {'(apply)':>7} {'update ms':>9} {'paint ms':>8} {'redraw ms':>9} "
-            f"{'key p95 ms':>10} {'key max':>7}")
+            f"{'key p95 ms':>10} {'key max':>7} {'silent named s':>14}")
     print(head)
     print("-" * len(head))
     for n, via, start_s, ing, tui in rows:
@@ -246,9 +289,11 @@ def main() -> int:
             return f"{t[key]:.{digits}f}" if key in t else "n/a"
 
         start = f"{start_s:.1f}" if start_s else "n/a"
-        print(f"{n:>6} {via:>6} {start:>11} {f('attach_s', ing):>8} {f('events_per_s', ing, 0):>8} "
+        print(f"{n:>6} {via:>6} {start:>11} {f('attach_s', ing):>8} {f('attach_cpu_s', ing):>5} "
+              f"{f('events_per_s', ing, 0):>8} "
               f"{f('cpu_ms_per_s', ing):>15} {f('apply_ms_per_s', ing):>7} {f('update_ms'):>9} "
-              f"{f('paint_ms'):>8} {f('cycle_ms'):>9} {f('key_p95_ms'):>10} {f('key_max_ms'):>7}")
+              f"{f('paint_ms'):>8} {f('cycle_ms'):>9} {f('key_p95_ms'):>10} {f('key_max_ms'):>7} "
+              f"{f('silent_named_s', digits=2):>14}")
     print("n/a: that way cannot run at that size here (a socket per rank past the open-files limit)")
     print(f"targets: redraw <= {REDRAW_TARGET_MS:.0f} ms at 4096 ranks, "
           f"key latency p95 <= {KEY_TARGET_MS:.0f} ms")
