@@ -26,6 +26,7 @@ INTERVAL_S = 2.0  # the generator's 32,768 states per sample take about a second
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # bounded waits inside: the generator's start, every rank once, the finding
 def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_agents(
         runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, generators: list[SyntheticProcess]) -> None:
     monkeypatch.setenv("DDPTOP_VIA", "agent")
@@ -44,14 +45,20 @@ def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_ag
         assert source.connections == N // PER_NODE  # one per node, none per rank
         assert feed.wait_settled(range(N), 240.0) == N, "a state of every rank through the agents"
         named: list[str] = []
+        seen: list[str] = []
         deadline = time.monotonic() + 240
         while not named and time.monotonic() < deadline:
             model = feed.copy()
-            named = [f.title for f in findings_for_model(model, time.time())
-                     if f.kind == "collective_stall" and f.ranks == [odd]]
+            # Judged at the newest state this viewer holds (as doctor judges a record at its
+            # end): on a loaded CI machine the viewer or the generator can fall seconds behind
+            # (seen: 180 s without a finding), and judged at the wall clock every rank then
+            # looks stale. Whether a rank is named is the question here, not the viewer's lag.
+            found = findings_for_model(model, model.last_time)
+            seen = [f"{f.kind} {f.ranks[:3]}" for f in found]
+            named = [f.title for f in found if f.kind == "collective_stall" and f.ranks == [odd]]
             if not named:
                 time.sleep(1.0)  # a diagnosis of 32,768 ranks is itself a second's work
         pulses = sum(p.digest.pulses for p in source._agent_peers if p.digest is not None)
-    assert named, f"no collective_stall naming rank {odd} within 240 s"
+    assert named, f"no collective_stall naming rank {odd} within 240 s; last findings: {seen}"
     assert named[0].endswith(f"rank {odd} never entered it"), named
     assert pulses > 0  # the states came as digests, not a frame each
