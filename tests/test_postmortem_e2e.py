@@ -136,8 +136,9 @@ def test_sigkill_from_outside(job_runner: JobRunner) -> None:
 
 def test_dataloader_worker_segfault(job_runner: JobRunner) -> None:
     job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("worker_segfault"))
+    # 120 s: four torchrun ranks start, load and crash a worker; CI once took longer than 60 s.
     m = job.wait_log(r"rank 2: step (\d+): the DataLoader failed: DataLoader worker \(pid (\d+)\)",
-                     timeout=60)
+                     timeout=120)
     step, worker_pid = int(m.group(1)), int(m.group(2))
     f = first(ended_doctor(job))
     assert (f["kind"], f["ranks"][0], f["step"]) == ("rank_lost", 2, step), f
