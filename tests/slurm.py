@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.netns import Host
+from tests.ports import unused_port
 
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("srun", "sinfo", "squeue", "scancel")
@@ -45,12 +46,6 @@ def missing() -> str:
         return (f"SLURM is not installed ({', '.join(absent)}): "
                 "apt-get install slurmctld slurmd slurm-client munge")
     return ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -157,7 +152,7 @@ def cluster(root: Path, base_env: dict[str, str], hosts: list[Host] | None = Non
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, node, _free_port(), _free_port(), hosts, private_tmp))
+    conf.write_text(_conf(root, node, unused_port(), unused_port(), hosts, private_tmp))
     base = Path(tempfile.mkdtemp(prefix="ddptop-jobtmp-", dir="/var/tmp")) if private_tmp else None
     if base is not None:
         # The jobs' /tmp live under BasePath, which may not itself be under /tmp (it would

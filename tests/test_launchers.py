@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from ddptop.reporter import is_rank_process
 from ddptop.reporter.config import config_from_env, job_id_from_env
 from ddptop.reporter.identity import RankIdentity, from_env, slurm_job
 from tests.jobs import PROBES, JobRunner, RunningJob, wait_until
+from tests.ports import unused_port
 
 
 def test_each_launchers_variables_name_the_rank() -> None:
@@ -60,16 +60,10 @@ def test_a_ranks_children_are_not_ranks() -> None:
     assert not is_rank_process({})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def spawned(job_runner: JobRunner, tmp_path: Path) -> tuple[RunningJob, Path]:
     """`python probes/spawned.py`: two workers of torch.multiprocessing.spawn, no launcher."""
-    port = free_port()
+    port = unused_port()
     release = tmp_path / "release"
     env = job_runner.env({"PROBE_PORT": str(port), "PROBE_RELEASE": str(release), "PROBE_SECONDS": "90",
                           "DDPTOP_INTERVAL": "0.25"})

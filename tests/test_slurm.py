@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 
 from tests import slurm
 from tests.jobs import PROBES, JobRunner, RunningJob, ddptop_cmd
+from tests.ports import unused_port
 
 pytestmark = pytest.mark.slow
 REASON = slurm.missing()
@@ -32,18 +32,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.Cluster]
         yield made
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def srun(cluster: slurm.Cluster, job_runner: JobRunner, name: str, env: dict[str, str],
          tasks: int = 4, launch: bool = False, srun_args: tuple[str, ...] = ()) -> RunningJob:
     """``srun -n TASKS python probes/slurm_ddp.py`` in a session of its own (under ``ddptop
     launch --job-id NAME`` with *launch*); its job id is SLURM's job.step, read from what the
     tasks print, or NAME."""
-    full = job_runner.env({**cluster.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
+    full = job_runner.env({**cluster.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(unused_port()),
                            "DDPTOP_INTERVAL": "0.25", "PROBE_SECONDS": "60", **env})
     full["SLURM_CONF"] = cluster.env["SLURM_CONF"]
     log_path = job_runner.tmp / f"{name}.log"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ import pytest
 from ddptop.proctree import stop_tree
 from tests import netns, slurm
 from tests.jobs import BIN, PROBES, ddptop_cmd
+from tests.ports import namespace_port
 
 pytestmark = pytest.mark.slow
 REASON = slurm.missing() or netns.unavailable()
@@ -68,7 +68,7 @@ def two_node_job(two_nodes: slurm.Cluster, tmp_path: Path,
     Parametrised with a dict: the probe's planted failure (PROBE_* variables)."""
     a = two_nodes.hosts[0]
     plant = dict(getattr(request, "param", {"PROBE_DEATH": "none"}))
-    env = _env(two_nodes, MASTER_ADDR=a.address, MASTER_PORT=str(random.randint(20000, 40000)),
+    env = _env(two_nodes, MASTER_ADDR=a.address, MASTER_PORT=str(namespace_port()),
                GLOO_SOCKET_IFNAME="ddpt0", DDPTOP_BIND="0.0.0.0", DDPTOP_INTERVAL="0.25",
                PROBE_SECONDS="120", **plant)
     # The checkout as the jobs reach it (under their private /tmp a CI clone is bound elsewhere).

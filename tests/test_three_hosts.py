@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import time
@@ -33,6 +32,7 @@ from ddptop.agent.exchange import BEAT_S
 from ddptop.proctree import descendants, stop_tree
 from tests.jobs import BIN, PROBES, ddptop_cmd, wait_until
 from tests.netns import Host, host_env, hosts, unavailable
+from tests.ports import namespace_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -85,7 +85,7 @@ def three_hosts(tmp_path: Path) -> Iterator[ThreeHostJob]:
     """A 6-rank job on 3 hosts whose agents exchanged news; always stopped and deleted."""
     if WHY_NOT:
         pytest.skip(WHY_NOT)
-    port = random.randint(20000, 40000)  # inside fresh namespaces: nothing else listens there
+    port = namespace_port()
     job_id = f"t3h{os.getpid()}"
     # A rank waits PROBE_PG_TIMEOUT in a collective whose peer vanished without a word (a node
     # that loses its link closes no connection), as NCCL's watchdog would, then fails.

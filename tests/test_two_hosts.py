@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import pytest
 from ddptop.proctree import stop_tree
 from tests.jobs import BIN, PROBES, ddptop_cmd
 from tests.netns import Host, host_env, two_hosts, unavailable
+from tests.ports import namespace_port
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def job_on_two_hosts(tmp_path: Path) -> Iterator[tuple[Host, Host, str, dict[str
     """The running job; yields (host a, host b, MASTER_ADDR:PORT, env by host). Always cleaned up."""
     if WHY_NOT:
         pytest.skip(WHY_NOT)
-    port = random.randint(20000, 40000)  # inside fresh namespaces: nothing else listens there
+    port = namespace_port()
     job_id = f"t2h{os.getpid()}"
     procs: list[subprocess.Popen[bytes]] = []
     base = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PROBE_SECONDS="90",
