@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ddptop.client.collector import ViewerCollector
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.digest import PulseBatch
@@ -64,8 +65,10 @@ def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-u
         time.sleep(0.1)
 
 
-def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> dict[str, float]:
-    """CPU per second of LiveSource + JobModel.apply over *window* seconds of steady state."""
+def measure_ingest(job_id: str, n: int, window: float, digest: bool = False,
+                   old_gc: bool = False) -> dict[str, float]:
+    """CPU per second of LiveSource + JobModel.apply over *window* seconds of steady state, the
+    garbage collector as the dashboard keeps it (*old_gc*: as before the attach held it off)."""
     model, lock = JobModel(), threading.Lock()
     counters = {"events": 0, "apply_s": 0.0}
 
@@ -84,7 +87,9 @@ def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> 
         counters["events"] += len(batch.pulses)
 
     source = LiveSource(resolve(job_id), digest=digest)
+    collector = ViewerCollector(hold=not old_gc, freeze=not old_gc)
     attach_began, attach_cpu = time.monotonic(), time.process_time()
+    collector.start()
     source.start(emit, pulses=pulses)
     try:
         def all_in() -> bool:
@@ -93,15 +98,18 @@ def measure_ingest(job_id: str, n: int, window: float, digest: bool = False) -> 
 
         wait_for(all_in, 90 + n / 256, f"state from {n} ranks")  # 32,768 ranks: 218 s
         attach_s, attach_cpu = time.monotonic() - attach_began, time.process_time() - attach_cpu
+        with lock:
+            collector.attached(n, settled=True)  # its one full collection: release_s
         time.sleep(1.5)  # let history replies and connect bursts pass: measure the steady stream
         ev0, ap0, cpu0, wall0 = counters["events"], counters["apply_s"], time.process_time(), time.monotonic()
         time.sleep(window)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         return {"attach_s": attach_s, "attach_cpu_s": attach_cpu, "cpu_ms_per_s": 1000 * cpu / wall,
                 "apply_ms_per_s": 1000 * (counters["apply_s"] - ap0) / wall,
-                "events_per_s": (counters["events"] - ev0) / wall}
+                "events_per_s": (counters["events"] - ev0) / wall, "release_s": collector.release_s}
     finally:
         source.stop()
+        collector.stop()
 
 
 def measure_silent(n: int, via: str, extra: tuple[str, ...]) -> dict[str, float]:
@@ -140,13 +148,16 @@ def measure_silent(n: int, via: str, extra: tuple[str, ...]) -> dict[str, float]
         gen.stop()
 
 
-async def _tui(job_id: str, n: int, presses: int, digest: bool = False) -> dict[str, float]:
+async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
+               old_gc: bool = False) -> dict[str, float]:
     from textual import events
 
     from ddptop.tui.app import DdptopApp
     from ddptop.tui.widgets.rank_table import RankTable
 
     app = DdptopApp(LiveSource(resolve(job_id), digest=digest))
+    if old_gc:
+        app.collector = ViewerCollector(hold=False, freeze=False)
     async with app.run_test(size=(200, 60)) as pilot:
         table = app.query_one(RankTable)
         deadline = time.monotonic() + 90 + n / 256
@@ -244,14 +255,16 @@ def main() -> int:
                         help="also time a rank that stops sending until it is called stale (own job)")
     parser.add_argument("--via", default="ranks",
                         help="ranks, agent (the agents' stream of states), digest (their digest lane), "
-                             "comma-separated (alternated)")
+                             "comma-separated (alternated); a way+oldgc keeps the collector as before "
+                             "the attach held it off (ddptop.client.collector)")
     args = parser.parse_args()
     sizes = [int(x) for x in args.ranks.split(",")]
     ways = args.via.split(",")
+    plain = [w.partition("+")[0] for w in ways]
     why_no_tui = tui_available()
     rows: list[tuple[int, str, float, dict[str, float], dict[str, float]]] = []
     for index, n in enumerate(sizes):
-        extra = generator_args(n, ways)
+        extra = generator_args(n, plain)
         if extra is None:
             rows += [(n, via, 0.0, {}, {}) for via in ways]
             continue
@@ -262,24 +275,28 @@ def main() -> int:
         gen = run_in_subprocess(n, job_id, "healthy", 1.0, rt, extra_args=extra, ready_timeout=600)
         start_s = time.monotonic() - began
         try:
-            for via in ways if index % 2 == 0 else ways[::-1]:  # A/B, then B/A
+            for way in ways if index % 2 == 0 else ways[::-1]:  # A/B, then B/A
+                via, _, flag = way.partition("+")  # digest+oldgc: the collector as before
+                old_gc = flag == "oldgc"
                 if not runnable(via, extra):
-                    rows.append((n, via, start_s, {}, {}))  # a socket per rank does not fit: n/a
+                    rows.append((n, way, start_s, {}, {}))  # a socket per rank does not fit: n/a
                     continue
                 ensure_fd_limit((n if via == "ranks" else n // 8) + 512)  # this viewer's sockets
                 os.environ["DDPTOP_VIA"] = "ranks" if via == "ranks" else "agent"
                 digest = via == "digest"
-                ingest = measure_ingest(job_id, n, args.window, digest)
-                tui = asyncio.run(_tui(job_id, n, args.presses, digest)) if not why_no_tui else {}
-                rows.append((n, via, start_s, ingest, tui))
+                ingest = measure_ingest(job_id, n, args.window, digest, old_gc)
+                tui = asyncio.run(_tui(job_id, n, args.presses, digest, old_gc)) if not why_no_tui else {}
+                rows.append((n, way, start_s, ingest, tui))
         finally:
             gen.stop()
         for row in rows[-len(ways):] if args.silent else ():
-            if runnable(row[1], extra):
-                os.environ["DDPTOP_VIA"] = "ranks" if row[1] == "ranks" else "agent"
-                row[4].update(measure_silent(n, row[1], extra))
+            via = row[1].partition("+")[0]
+            if runnable(via, extra):
+                os.environ["DDPTOP_VIA"] = "ranks" if via == "ranks" else "agent"
+                row[4].update(measure_silent(n, via, extra))
         print(f"  done {n} ranks", file=sys.stderr, flush=True)
-    head = (f"{'ranks':>6} {'via':>6} {'gen start s':>11} {'attach s':>8} {'(CPU)':>5} {'events/s':>8} "
+    head = (f"{'ranks':>6} {'via':>12} {'gen start s':>11} {'attach s':>8} {'(CPU)':>5} "
+            f"{'freeze s':>8} {'events/s':>8} "
             f"{'ingest CPU ms/s':>15} {'(apply)':>7} {'update ms':>9} {'paint ms':>8} {'redraw ms':>9} "
             f"{'key p95 ms':>10} {'key max':>7} {'silent named s':>14}")
     print(head)
@@ -289,8 +306,8 @@ def main() -> int:
             return f"{t[key]:.{digits}f}" if key in t else "n/a"
 
         start = f"{start_s:.1f}" if start_s else "n/a"
-        print(f"{n:>6} {via:>6} {start:>11} {f('attach_s', ing):>8} {f('attach_cpu_s', ing):>5} "
-              f"{f('events_per_s', ing, 0):>8} "
+        print(f"{n:>6} {via:>12} {start:>11} {f('attach_s', ing):>8} {f('attach_cpu_s', ing):>5} "
+              f"{f('release_s', ing, 2):>8} {f('events_per_s', ing, 0):>8} "
               f"{f('cpu_ms_per_s', ing):>15} {f('apply_ms_per_s', ing):>7} {f('update_ms'):>9} "
               f"{f('paint_ms'):>8} {f('cycle_ms'):>9} {f('key_p95_ms'):>10} {f('key_max_ms'):>7} "
               f"{f('silent_named_s', digits=2):>14}")

@@ -14,7 +14,8 @@ from textual.widgets import Static
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.bundle.writer import BundleWriter
-from ddptop.tui.app import GC_THRESHOLD_0, DdptopApp
+from ddptop.client.collector import GC_THRESHOLD_0
+from ddptop.tui.app import DdptopApp
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.widgets.rank_table import RankTable
@@ -62,6 +63,9 @@ def test_rows_header_findings_with_frozen_clock() -> None:
             assert "job jfake" in header and "4 ranks" in header and "gloo" in header
             assert "up 1m30s" in header and "connected 4/4" in header and "CRITICAL" in header
             assert gc.get_threshold()[0] == GC_THRESHOLD_0  # no full-collection pauses at scale
+            # Held off while the job attached; running again once every rank is in.
+            await until(pilot, lambda: not app.collector.held)
+            assert gc.isenabled() and not app.collector.frozen  # 4 ranks: nothing to freeze
             findings = str(app.query_one("#findings", Static).render())
             # Text comes from the diagnosis package when present, else from the fallback.
             assert "CRITICAL" in findings and "all_gather" in findings

@@ -322,6 +322,11 @@ class JobModel:
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                         first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
 
+    def settled(self) -> bool:
+        """Every rank of the job (its world size, once a state told it) has sent a state."""
+        ranks = self.ranks
+        return 0 < self.world_size <= len(ranks) and all(v.base is not None for v in ranks.values())
+
     def shared_copy(self) -> JobModel:
         """A copy whose views are new but share their history deques with this model's (the
         dashboard's background diagnosis: copying 4096 windows of samples cost the UI thread

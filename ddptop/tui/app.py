@@ -12,7 +12,6 @@ picks ``source.model_at(t)`` and every panel shows that moment, with *t* as "now
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Footer
 
+from ddptop.client.collector import ViewerCollector
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
 from ddptop.source import JobSource, ReplayableSource
@@ -48,7 +48,6 @@ FINDINGS_EVERY_S = 1.0  # at most this often (longer when a diagnosis takes long
 # From this many ranks on, the diagnosis runs on a worker thread so keys stay responsive;
 # below it, it costs a few ms and runs inline (deterministic for tests and replay).
 BACKGROUND_FINDINGS_RANKS = 256
-GC_THRESHOLD_0 = 50_000  # allocations between young collections (CPython's default: 700)
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh", "cycle_view"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
 
@@ -113,7 +112,7 @@ class DdptopApp(App[int]):
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
         self._index: RowIndex | None = None  # above GROUP_FROM_RANKS: visible rows and groups
         self._findings_every = FINDINGS_EVERY_S
-        self._gc_thresholds = gc.get_threshold()
+        self.collector = ViewerCollector()  # held off while the job attaches (its module says why)
 
     # ------------------------------------------------------------ wiring
 
@@ -131,6 +130,7 @@ class DdptopApp(App[int]):
         """Start the source (live) or show the end of the recording (replay)."""
         self.sub_title = self.source.description
         self.query_one(RankTable).focus()
+        self.collector.start()
         if self.replay:
             self._load_moment(self.query_one(Timeline).t)
         else:
@@ -141,17 +141,11 @@ class DdptopApp(App[int]):
                 log.warning("source failed to start: %s", exc)
                 self.notify(f"cannot attach: {exc}", severity="error", timeout=30)
         self.set_interval(self.redraw_interval, self._tick)
-        # Why: thousands of ranks replace thousands of small containers every second, which
-        # triggers full collections of the whole heap (100-200 ms pauses at 4096 ranks) although
-        # nothing here makes reference cycles. A higher first threshold makes full collections
-        # rare; cyclic garbage (Textual's) is still collected in the young generations.
-        self._gc_thresholds = gc.get_threshold()
-        gc.set_threshold(GC_THRESHOLD_0, *self._gc_thresholds[1:])
         self.redraw()
 
     def on_unmount(self) -> None:
-        """Stop the source (its thread, its sockets); restore the collector's thresholds."""
-        gc.set_threshold(*self._gc_thresholds)
+        """Stop the source (its thread, its sockets); the collector as it was."""
+        self.collector.stop()
         try:
             self.source.stop()
         except Exception as exc:
@@ -209,6 +203,8 @@ class DdptopApp(App[int]):
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
                                        "replay" if self.replay else "live", self.paused, statuses)
+        if self.collector.held:
+            self.collector.attached(len(self.model.ranks), self.replay or self.model.settled())
         self._dirty = False
         self._last_redraw = time.monotonic()
         self.redraws += 1
