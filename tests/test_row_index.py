@@ -8,6 +8,7 @@ refreshed between events as the dashboard does; its odd view lists the marked ra
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -46,6 +47,8 @@ streams = st.lists(st.tuples(st.one_of(states, states, states, others), st.boole
 def _rows(index: RowIndex, now: float) -> list[RankRow]:
     shown = list(index.refresh(now))
     assert all(isinstance(r, RankRow) for r in shown)
+    # The header's word counts, kept from the ranks whose word moved, are a count of every rank's.
+    assert index.word_counts == Counter(index.statuses.values())
     return [r for r in shown if isinstance(r, RankRow)]
 
 

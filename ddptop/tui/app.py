@@ -196,13 +196,13 @@ class DdptopApp(App[int]):
             if self._index is None or self._index.model is not self.model:
                 self._index = _index_like(self.model, self._index)
             table.set_sequence(self._index.refresh(now), self._index.every_row)
-            statuses = self._index.statuses
+            statuses, counts = self._index.statuses, self._index.word_counts
         else:
             table.set_rows(self._rows.build(self.model, now))
-            statuses = self._rows.statuses
+            statuses, counts = self._rows.statuses, None
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
-                                       "replay" if self.replay else "live", self.paused, statuses)
+                                       "replay" if self.replay else "live", self.paused, statuses, counts)
         if self.collector.held:
             self.collector.attached(len(self.model.ranks), self.replay or self.model.settled())
         self._dirty = False

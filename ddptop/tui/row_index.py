@@ -29,6 +29,7 @@ from ddptop.diagnosis.desync import (
 )
 from ddptop.model.job import JobModel
 from ddptop.status import Status
+from ddptop.tui.index_upkeep import count, flag, majority, move, recount, set_value
 from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
 from ddptop.tui.sort_index import sorted_ranks
 from ddptop.tui.view_facts import facts_of_view, pulse_facts
@@ -104,6 +105,7 @@ class RowIndex:
         self._dirty = model.watch_dirty()
         self._dirty.update(model.ranks)
         self.statuses: dict[int, str] = {}  # of the latest refresh (the header reuses them)
+        self.word_counts: Counter[str] = Counter()  # of those statuses, kept from the ones that moved
         self.leads = JobLeads(0, 0, None, 0, {})
         self.marks: dict[int, list[str]] = {}  # the odd ranks' marks
         self.odd: list[int] = []  # worst first
@@ -134,8 +136,10 @@ class RowIndex:
         changed = set(self._dirty)
         self._dirty.clear()
         if statuses != self.statuses:  # C-level; differs when a rank turned stale with time
-            prev = self.statuses
-            changed.update([r for r, s in statuses.items() if prev.get(r) != s])
+            prev, counts = self.statuses, self.word_counts
+            moved = [r for r, s in statuses.items() if prev.get(r) != s]
+            changed.update(moved)
+            recount(counts, prev, statuses, moved)  # the header's, without a pass over every rank
         self.statuses = statuses
         views, facts, detail = self.model.ranks, self._facts, self._detail
         seq_of, step_of = self._seq, self._step
@@ -150,13 +154,13 @@ class RowIndex:
             facts[rank] = f
             step_of[rank] = f.step
             if f.seq != old.seq:
-                _set(seq_of, rank, f.seq)
+                set_value(seq_of, rank, f.seq)
             if f.seq_stuck != old.seq_stuck:
-                _flag(self._seq_stuck, rank, f.seq_stuck)
+                flag(self._seq_stuck, rank, f.seq_stuck)
             if f.step_stuck != old.step_stuck:
-                _flag(self._step_stuck, rank, f.step_stuck)
+                flag(self._step_stuck, rank, f.step_stuck)
         self.leads = leads = JobLeads(max(self._seq.values(), default=0), max(self._step.values(), default=0),
-                                      _majority(self._bpes), len(self._bpes), self._ops)
+                                      majority(self._bpes), len(self._bpes), self._ops)
         facts = self._facts
         marks = {r: m for r in self._candidates(leads) if (m := marks_of(facts[r], leads))}
         self.marks = marks
@@ -175,29 +179,29 @@ class RowIndex:
         elif old is not None and old.has_state:
             del self._step[rank]
         if old is None or old.seq != f.seq:
-            _set(self._seq, rank, f.seq)
+            set_value(self._seq, rank, f.seq)
         if old is None or old.bpe != f.bpe:
-            _move(self._bpe, self._bpes, self._bpe_ranks, rank, f.bpe)
+            move(self._bpe, self._bpes, self._bpe_ranks, rank, f.bpe)
         pending = f.op
         op = None if pending is None else (pending.seq, pending.op)
         before = self._op.get(rank)
         if before != op:
             if before is not None:
                 del self._op[rank]
-                _count(self._ops, self._op_ranks, rank, before, -1)
+                count(self._ops, self._op_ranks, rank, before, -1)
             if op is not None:
                 self._op[rank] = op
-                _count(self._ops, self._op_ranks, rank, op, 1)
+                count(self._ops, self._op_ranks, rank, op, 1)
         if pending is not None:
             self._age[rank] = pending.age_s
         elif before is not None:
             self._age.pop(rank, None)
         if old is None or old.seq_stuck != f.seq_stuck:
-            _flag(self._seq_stuck, rank, f.seq_stuck)
+            flag(self._seq_stuck, rank, f.seq_stuck)
         if old is None or old.step_stuck != f.step_stuck:
-            _flag(self._step_stuck, rank, f.step_stuck)
+            flag(self._step_stuck, rank, f.step_stuck)
         if old is None or old.status != status:
-            _flag(self._bad, rank, status in BAD_STATUS)
+            flag(self._bad, rank, status in BAD_STATUS)
         # By op, not by seq: ranks a seq apart (sampling skew) are one group, and a healthy
         # rank's keys stay the same from sample to sample (the row shows the seq range).
         coll = (COMPUTING,) if pending is None else (_short_op(pending.op),)
@@ -342,57 +346,3 @@ class RowIndex:
 
 def _worst(status: str, marks: list[str]) -> int:
     return _WORST.get(status, 3 if MISMATCH in marks else 4)
-
-
-def _majority(counts: Counter[int]) -> int | None:
-    top = counts.most_common(2)
-    if not top or (len(top) > 1 and top[0][1] == top[1][1]):
-        return None
-    return top[0][0]
-
-
-def _set(values: dict[int, int] | dict[int, float], rank: int, value: float | None) -> None:
-    if value is None:
-        values.pop(rank, None)
-    else:
-        values[rank] = value  # type: ignore[assignment]
-
-
-def _flag(members: set[int], rank: int, on: bool) -> None:
-    if on:
-        members.add(rank)
-    else:
-        members.discard(rank)
-
-
-def _move(of: dict[int, int], counts: Counter[int], ranks: dict[int, set[int]], rank: int,
-          value: int | None) -> None:
-    before = of.pop(rank, None)
-    if before is not None:
-        counts[before] -= 1
-        if not counts[before]:
-            del counts[before]
-        ranks[before].discard(rank)
-        if not ranks[before]:
-            del ranks[before]
-    if value is not None:
-        of[rank] = value
-        counts[value] += 1
-        ranks.setdefault(value, set()).add(rank)
-
-
-def _count(ops: dict[int, Counter[str]], ranks: dict[tuple[int, str], set[int]], rank: int,
-           op: tuple[int, str], delta: int) -> None:
-    counts = ops.setdefault(op[0], Counter())
-    counts[op[1]] += delta
-    if delta > 0:
-        ranks.setdefault(op, set()).add(rank)
-        return
-    if not counts[op[1]]:
-        del counts[op[1]]
-        if not counts:
-            del ops[op[0]]
-    members = ranks[op]
-    members.discard(rank)
-    if not members:
-        del ranks[op]

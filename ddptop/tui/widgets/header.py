@@ -16,10 +16,13 @@ from ddptop.textfmt import human_duration, rank_ranges
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
 
-def attach_state(statuses: dict[int, str], world_size: int) -> tuple[str, str]:
-    """('connected 4/4' | '1 stale (rank 2), 1 lost (rank 3)', level) from status words."""
+def attach_state(statuses: dict[int, str], world_size: int,
+                 counts: Counter[str] | None = None) -> tuple[str, str]:
+    """('connected 4/4' | '1 stale (rank 2), 1 lost (rank 3)', level) from status words
+    (*counts*: how many ranks have each word, where the caller keeps them)."""
     # Counted in C first: at 4096 ranks this runs at every redraw, and usually all is well.
-    counts = Counter(statuses.values())
+    if counts is None:
+        counts = Counter(statuses.values())
     bad_words = {w for w in counts if w == Status.STALE or (w in ENDED and w != Status.EXITED)}
     bad: dict[str, list[int]] = {}
     if bad_words:
@@ -68,6 +71,7 @@ class HeaderFacts:
         self._dirty = model.watch_dirty()
         self._dirty.update(model.ranks)
         self._seen: set[int] = set()
+        self._read: dict[int, object] = {}  # the state object each rank's identity was read from
         self._sign: dict[int, tuple[str, float, int, int, str] | None] = {}
         self._host: dict[int, str] = {}
         self._hosts: Counter[str] = Counter()
@@ -92,10 +96,14 @@ class HeaderFacts:
         moved_hosts = False
         start, world, backend = self._extremes
         redo = False
-        views, signs = self.model.ranks, self._sign
+        views, signs, read = self.model.ranks, self._sign, self._read
         for rank in self._dirty:
             st = views[rank].base  # identity is detail: no merge of a waiting pulse
-            # Most changes are a new sample of an unchanged identity: one tuple compare.
+            # At scale most changes are a pulse over the same detail object: one identity
+            # check. Otherwise a new sample of an unchanged identity: one tuple compare.
+            if st is not None and read.get(rank) is st:
+                continue
+            read[rank] = st
             sign = None if st is None else (st.host, st.start_time, st.world_size, st.rank, st.backend)
             if rank in signs and signs[rank] == sign:
                 continue
@@ -142,16 +150,17 @@ class HeaderFacts:
 
 def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = "live",
                 paused: bool = False, statuses: dict[int, str] | None = None,
-                facts: HeaderFacts | None = None) -> Text:
+                facts: HeaderFacts | None = None, counts: Counter[str] | None = None) -> Text:
     """The two header lines as rich Text (pure, so snapshot tests can read it).
 
     *statuses* (rank -> status word at *now*) saves recomputing them when the caller has;
-    *facts* (kept on this model) saves the pass over every state.
+    *facts* (kept on this model) saves the pass over every state, *counts* (of *statuses*'
+    words) the count of every rank's.
     """
     start, world, hosts, backend = facts.identity() if facts is not None else identity_by_loop(model)
     uptime = now - start if start else None
     state, level = attach_state(model.statuses(now) if statuses is None else statuses,
-                                model.world_size)
+                                model.world_size, counts if statuses is not None else None)
     text = Text()
     text.append(" ddptop ", style="bold reverse")
     text.append(f" job {model.job_id or '?'}", style="bold")
@@ -186,12 +195,13 @@ class JobHeader(Static):
     _facts: HeaderFacts | None = None  # kept on the model shown (a replay seek brings a new one)
 
     def show(self, model: JobModel, now: float, worst: Finding | None, mode: str = "live",
-             paused: bool = False, statuses: dict[int, str] | None = None) -> None:
+             paused: bool = False, statuses: dict[int, str] | None = None,
+             counts: Counter[str] | None = None) -> None:
         """Redraw from the model at *now* (the text changes about once a second: its
         uptime; an unchanged text is not laid out and painted again)."""
         if self._facts is None or self._facts.model is not model:
             self._facts = HeaderFacts(model)
-        text = header_text(model, now, worst, mode, paused, statuses, self._facts)
+        text = header_text(model, now, worst, mode, paused, statuses, self._facts, counts)
         key = (text.plain, tuple(text.spans))
         if key != self._shown:
             self._shown = key
