@@ -18,6 +18,7 @@ from ddptop.client.collector import GC_THRESHOLD_0
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
+from ddptop.tui.widgets.findings_panel import FindingsPanel
 from ddptop.tui.widgets.rank_table import RankTable
 from ddptop.tui.widgets.timeline import Timeline
 from tests.probes_tui.fakes import NOW, FakeSource, entries, lost, stack, state
@@ -73,6 +74,22 @@ def test_rows_header_findings_with_frozen_clock() -> None:
         assert gc.get_threshold() == before  # the collector tuning ends with the app
 
     before = gc.get_threshold()
+    asyncio.run(go())
+
+
+def test_a_tick_while_the_widgets_go_one_by_one_draws_nothing() -> None:
+    """Shutting down, Textual removes the widgets before the timers: a tick that finds the
+    table but no findings panel (seen at 32,768 ranks) must not raise into the teardown."""
+    async def go() -> None:
+        app = DdptopApp(mismatch_job(), clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
+            drawn = app.redraws
+            await app.query_one(FindingsPanel).remove()
+            app._dirty = True
+            app._tick()  # raised NoMatches before the guard
+            assert app.redraws == drawn
+
     asyncio.run(go())
 
 

@@ -21,6 +21,7 @@ from typing import ClassVar
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Footer
 
 from ddptop.client.collector import ViewerCollector
@@ -169,9 +170,11 @@ class DdptopApp(App[int]):
         return self.clock()
 
     def _tick(self) -> None:
-        # While the app shuts down its widgets go before its timers: a tick then has no table
-        # to redraw (seen at 4096 ranks, where a redraw outlasts the teardown's first steps).
-        if self.paused or not self.query(RankTable):
+        # While the app shuts down its widgets go before its timers, one by one: a tick then
+        # finds the table gone (seen at 4,096 ranks), or the table still there but the findings
+        # panel gone (seen at 32,768 ranks, bench/collector_ab.py).
+        drawn: tuple[type[Widget], ...] = (RankTable, FindingsPanel, JobHeader)
+        if self.paused or not self.is_running or not all(self.query(kind) for kind in drawn):
             return
         wall = time.monotonic()
         if self._dirty or wall - self._last_redraw >= QUIET_REDRAW_S:

@@ -1,0 +1,94 @@
+"""The viewer's garbage-collector policy, A/B: each measurement in a fresh process, alternated.
+
+Run: ``.venv/bin/python bench/collector_ab.py [--ranks 32768] [--pairs 3]``.
+
+``bench/tui_scale.py --via digest,digest+oldgc`` measures both policies in one process, one
+after the other, and on this machine the second of a pair came out worse whichever it was (the
+first's heap and the generator's growing history weigh on it). Here one synthetic job (agents
+only, digest lane) runs for the whole bench, and every measurement is a new viewer process,
+the two policies alternated (A B, B A, ...): the attach (its wall time and CPU, and the
+release's one full collection) and the dashboard's redraw and key p95, as ``tui_scale``
+measures them. Medians per policy are printed, with every run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ddptop.testing.synthetic import run_in_subprocess
+
+_CHILD = """
+import asyncio, json, sys
+sys.path.insert(0, {bench!r})
+import tui_scale as B
+from ddptop.testing.synthetic import ensure_fd_limit
+n, old = {n}, {old}
+ensure_fd_limit(n // 8 + 512)
+out = B.measure_ingest({job!r}, n, 2.0, True, old)
+out.update(asyncio.run(B._tui({job!r}, n, {presses}, True, old)))
+print(json.dumps(out))
+"""
+_SHOWN = [("attach_s", "attach s"), ("attach_cpu_s", "attach CPU s"), ("release_s", "freeze s"),
+          ("update_ms", "update ms"), ("cycle_ms", "redraw ms"), ("key_p95_ms", "key p95 ms")]
+
+
+def measure(job_id: str, n: int, old: bool, presses: int) -> dict[str, float]:
+    """One viewer process: attach, then the dashboard; its figures."""
+    code = _CHILD.format(bench=str(Path(__file__).parent), n=n, old=old, job=job_id, presses=presses)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"viewer failed: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _cell(run: dict[str, float], key: str) -> str:
+    value = run.get(key, float("nan"))
+    return f"{value:.2f}" if key.endswith("_s") else f"{value:.0f}"
+
+
+def main() -> int:
+    """Alternate the policies in fresh processes and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=32768)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--presses", type=int, default=40)
+    args = parser.parse_args()
+    rt = Path(tempfile.mkdtemp(prefix="ddptop-gc-ab-"))
+    os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
+    job_id = f"gcab{args.ranks}"
+    gen = run_in_subprocess(args.ranks, job_id, "healthy", 1.0, rt, extra_args=("--agents-only",),
+                            ready_timeout=600)
+    runs: dict[str, list[dict[str, float]]] = {"held": [], "old": []}
+    try:
+        for i in range(args.pairs):
+            for policy in ("held", "old") if i % 2 == 0 else ("old", "held"):
+                began = time.monotonic()
+                runs[policy].append(measure(job_id, args.ranks, policy == "old", args.presses))
+                took = time.monotonic() - began
+                print(f"  {policy} run {len(runs[policy])}: {took:.0f} s", file=sys.stderr)
+    finally:
+        gen.stop()
+    print(f"{args.ranks} ranks, digest lane, {args.pairs} runs per policy, fresh process each, alternated")
+    print(f"{'policy':>6} " + " ".join(f"{label:>12}" for _, label in _SHOWN) + "   (median; each run)")
+    for policy, got in runs.items():
+        cells = [statistics.median(r.get(key, float("nan")) for r in got) for key, _ in _SHOWN]
+        each = "; ".join("/".join(_cell(r, key) for key, _ in _SHOWN) for r in got)
+        print(f"{policy:>6} " + " ".join(f"{c:>12.2f}" for c in cells) + f"   ({each})")
+    print("held: the collector held off during the attach, then the attach frozen (ddptop.client.collector);"
+          " old: young collections every 50,000 allocations only")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
