@@ -158,3 +158,22 @@ def test_silent_rank_goes_stale_and_its_agent_says_where_it_is_stuck(
                                      and m.ranks[odd].current_stuck() is not None) is True,
                    20, "the stuck report in a late viewer's catch-up")
         assert (w.pulses() > 0) == digest
+
+
+def test_split_gives_each_node_agent_once_with_its_ranks_and_keeps_the_rest_direct() -> None:
+    from ddptop.client.agents import split
+    from ddptop.protocol import AGENT_HELLO_RANK
+    from ddptop.store.discovery import Endpoint
+
+    def ep(rank: int, host: str, agent_port: int) -> Endpoint:
+        return Endpoint(job_id="j", rank=rank, world_size=6, host=host, port=40000 + rank, pid=100 + rank,
+                        node=host, agent_port=agent_port)
+
+    endpoints = [ep(3, "10.0.0.2", 7001), ep(0, "10.0.0.1", 7000), ep(5, "10.0.0.3", 0),
+                 ep(1, "10.0.0.1", 7000), ep(2, "10.0.0.2", 7001), ep(4, "10.0.0.1", 7000)]
+    direct, agents = split(endpoints, through_agents=True)
+    assert [e.rank for e in direct] == [5]  # no agent serves it
+    assert {(a.host, a.port, a.rank, a.node): ranks for a, ranks in agents.items()} == {
+        ("10.0.0.1", 7000, AGENT_HELLO_RANK, "10.0.0.1"): [0, 1, 4],
+        ("10.0.0.2", 7001, AGENT_HELLO_RANK, "10.0.0.2"): [2, 3]}
+    assert split(endpoints, through_agents=False) == (endpoints, {})

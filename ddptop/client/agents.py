@@ -56,7 +56,11 @@ def split(endpoints: Sequence[Endpoint],
         if where is None:
             direct.append(endpoint)
         else:
-            agents.setdefault(where, (agent_endpoint(endpoint), []))[1].append(endpoint.rank)
+            # The agent's endpoint once per node, not per rank (32,768 of them at an attach).
+            served = agents.get(where)
+            if served is None:
+                served = agents[where] = (agent_endpoint(endpoint), [])
+            served[1].append(endpoint.rank)
     return direct, {agent: sorted(ranks) for agent, ranks in agents.values()}
 
 
