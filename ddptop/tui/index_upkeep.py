@@ -5,6 +5,15 @@ drops what became empty, so a count or a membership never needs a pass over ever
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+
+def decrement(counts: Counter[Any], key: Any) -> None:
+    """One fewer of *key*; a count that reaches zero is dropped (a Counter's ``most_common``
+    and its keys then name only what is there)."""
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
 
 
 def majority(counts: Counter[int]) -> int | None:
@@ -32,9 +41,7 @@ def move(of: dict[int, int], counts: Counter[int], ranks: dict[int, set[int]], r
           value: int | None) -> None:
     before = of.pop(rank, None)
     if before is not None:
-        counts[before] -= 1
-        if not counts[before]:
-            del counts[before]
+        decrement(counts, before)
         ranks[before].discard(rank)
         if not ranks[before]:
             del ranks[before]
@@ -67,7 +74,5 @@ def recount(counts: Counter[str], before: dict[int, str], now: dict[int, str], m
     for rank in moved:
         old = before.get(rank)
         if old is not None:
-            counts[old] -= 1
-            if not counts[old]:
-                del counts[old]
+            decrement(counts, old)
         counts[now[rank]] += 1
