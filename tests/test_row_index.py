@@ -88,6 +88,22 @@ def test_sorted_by_any_column_equals_sort_rows_of_every_row(stream: list[tuple[E
     _same_order(index, index.refresh(NOW + 10.0))
 
 
+def test_a_rank_heard_after_the_refresh_joins_the_sorted_rows_at_the_next_one() -> None:
+    """A sort key or a filter pressed between two refreshes (ranks still joining during an
+    attach) orders and builds the ranks of the last refresh: a rank the model got since has
+    no facts or status yet, and its row waits for the next refresh."""
+    model = JobModel()
+    for r in range(4):
+        model.apply(RecordEntry(time=NOW, rank=r, message=StateMsg(state=state(r, world=8, t=NOW))))
+    index = RowIndex(model, view="odd")
+    seq = index.refresh(NOW)
+    model.apply(RecordEntry(time=NOW, rank=5, message=StateMsg(state=state(5, world=8, t=NOW))))
+    _same_order(index, seq)  # every column: the rows of the refresh, rank 5 still unknown
+    assert [r.status for r in index.every_row() if r.rank == 5] == ["unknown"]
+    _same_order(index, index.refresh(NOW))
+    assert [r.status for r in index.every_row() if r.rank == 5] != ["unknown"]
+
+
 @settings(max_examples=80, deadline=None)
 @given(streams)
 def test_odd_view_lists_every_marked_rank_then_groups_the_rest(stream: list[tuple[Event, bool]]) -> None:

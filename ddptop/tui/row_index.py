@@ -277,10 +277,10 @@ class RowIndex:
 
     def row(self, rank: int) -> RankRow:
         """The row of *rank*, as ``build_rows`` makes it (memoized while the rank is unchanged)."""
-        view = self.model.ranks.get(rank)
-        if view is None:
+        view, f = self.model.ranks.get(rank), self._facts.get(rank)
+        if view is None or f is None:  # never heard from, or only since the last refresh
             return RankRow(rank=rank, status=Status.UNKNOWN)
-        status, f, leads = self.statuses[rank], self._facts[rank], self.leads
+        status, leads = self.statuses[rank], self.leads
         hit = self._memo.get(rank)
         if hit is not None and hit[0] == view.version and hit[1] == status:
             built = hit[2]
@@ -295,13 +295,21 @@ class RowIndex:
         """What *rank*'s row and marks were read from at the last refresh."""
         return self._facts[rank]
 
+    @property
+    def every_fact(self) -> dict[int, RankFacts]:
+        """Each rank's facts of the last refresh (read, never changed, by the sort)."""
+        return self._facts
+
     def known(self) -> list[int]:
-        """Every rank id shown (known and never heard from), ascending."""
-        return self._known()[0]
+        """Every rank id shown at the last refresh (known and never heard from), ascending.
+
+        Not the model's ranks now: a sort key or a filter pressed between two refreshes (ranks
+        still joining) must build rows only of ranks with a status and facts of that refresh."""
+        return self._all[1]
 
     def every_row(self) -> list[RankRow]:
         """Every rank's row in rank order (a sort by another column, a filter: O(ranks))."""
-        return [self.row(r) for r in self._known()[0]]
+        return [self.row(r) for r in self._all[1]]
 
     def filled(self, group: GroupRow) -> GroupRow:
         """*group* with its counts and ranges (computed once, when it is painted)."""
