@@ -121,6 +121,38 @@ def test_odd_view_lists_every_marked_rank_then_groups_the_rest(stream: list[tupl
     assert {r.rank: r for r in expected if r.marks} == {r.rank: r for r in odd}
 
 
+def _range(values: list[int | None]) -> tuple[int | None, int | None]:
+    present = [v for v in values if v is not None]
+    return (min(present), max(present)) if present else (None, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams, st.sampled_from(["odd", "node", "status", "collective"]))
+def test_group_rows_sum_their_members_rows(stream: list[tuple[Event, bool]], view: str) -> None:
+    """A group row's counts and ranges, summed only when painted, are those of its members' rows."""
+    model = JobModel()
+    index = RowIndex(model, view=view)
+    for event, read in stream:
+        model.apply(event)
+        if not read:
+            continue
+        shown = list(index.refresh(NOW))
+        rows = {r.rank: r for r in build_rows(model, NOW)}
+        for group in (g for g in shown if isinstance(g, GroupRow)):
+            members = [rows[r] for r in group.ranks]
+            assert group.status_counts == dict(Counter(r.status for r in members)), group
+            assert (group.step_lo, group.step_hi) == _range([r.step for r in members]), group
+            assert (group.seq_lo, group.seq_hi) == _range([r.seq for r in members]), group
+            waiting = [r for r in members if r.pending_seq is not None]
+            if group.pending:
+                lo, hi = _range([r.pending_seq for r in waiting])
+                assert len(waiting) == len(members), group
+                assert group.pending.endswith(f"#{lo}" if lo == hi else f"#{lo}-{hi}"), group
+                assert group.oldest_wait_s == max(r.pending_age_s or 0.0 for r in waiting), group
+            marks = [m for r in sorted(members, key=lambda r: r.rank) for m in r.marks]
+            assert group.marks == list(dict.fromkeys(marks)), group
+
+
 def test_odd_rank_first_and_groups_expand() -> None:
     model = JobModel()
     for r in range(40):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import cast, overload
 
 from ddptop.diagnosis.desync import (
     BAD_STATUS,
@@ -323,19 +323,17 @@ class RowIndex:
             group.status_counts = {group.key[0]: len(members)}  # one status by construction
         else:
             group.status_counts = dict(Counter(map(self.statuses.__getitem__, members)))
-        steps = self._step.keys() & members
+        steps = _values_of(self._step, members)
         if steps:
-            values = list(map(self._step.__getitem__, steps))
-            group.step_lo, group.step_hi = min(values), max(values)
-        seqs = self._seq.keys() & members
+            group.step_lo, group.step_hi = min(steps), max(steps)
+        seqs = _values_of(self._seq, members)
         if seqs:
-            values = list(map(self._seq.__getitem__, seqs))
-            group.seq_lo, group.seq_hi = min(values), max(values)
+            group.seq_lo, group.seq_hi = min(seqs), max(seqs)
         key = group.key
         if group.kind in ("collective", "rest") and key[-1] != COMPUTING:
-            ops = self._op  # every member waits in this op
-            at = [ops[r][0] for r in members]
-            lo, hi = min(at), max(at)
+            # Every member waits in this op: (seq, op) pairs order by seq.
+            at = list(map(self._op.__getitem__, members))
+            lo, hi = min(at)[0], max(at)[0]
             group.pending = f"{key[-1]} #{lo}" if lo == hi else f"{key[-1]} #{lo}-{hi}"
             group.oldest_wait_s = max(map(self._age.__getitem__, members))
         marked = self.marks.keys() & members
@@ -350,6 +348,13 @@ class RowIndex:
     def toggle(self, key: tuple[str, ...]) -> None:
         """Expand or fold the group ``(kind, *key)``."""
         self.expanded ^= {key}
+
+
+def _values_of(values: dict[int, int], members: set[int]) -> list[int]:
+    # The members' values, those that have one. C-level maps: a group of 32,768 ranks is summed
+    # at every redraw that paints it (a set intersection first cost twice as much).
+    got = list(map(values.get, members))
+    return [v for v in got if v is not None] if None in got else cast("list[int]", got)
 
 
 def _worst(status: str, marks: list[str]) -> int:
