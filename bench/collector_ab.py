@@ -1,6 +1,10 @@
 """The viewer's garbage-collector policy, A/B: each measurement in a fresh process, alternated.
 
-Run: ``.venv/bin/python bench/collector_ab.py [--ranks 32768] [--pairs 3]``.
+Run: ``.venv/bin/python bench/collector_ab.py [--ranks 32768] [--pairs 3] [--against TREE]``.
+
+``--against TREE`` compares two versions of the viewer instead, both with the current policy:
+this checkout's against the one in TREE (say ``git worktree add /tmp/old 8c13cc6``), each run a
+fresh process importing ddptop from its own tree, against the one generator of this checkout.
 
 ``bench/tui_scale.py --via digest,digest+oldgc`` measures both policies in one process, one
 after the other, and on this machine the second of a pair came out worse whichever it was (the
@@ -23,13 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT))
 
 from ddptop.testing.synthetic import run_in_subprocess
 
 _CHILD = """
 import asyncio, json, sys
-sys.path.insert(0, {bench!r})
+sys.path[:0] = [{root!r}, {bench!r}]
 import tui_scale as B
 from ddptop.testing.synthetic import ensure_fd_limit
 n, old = {n}, {old}
@@ -42,11 +47,12 @@ _SHOWN = [("attach_s", "attach s"), ("attach_cpu_s", "attach CPU s"), ("release_
           ("update_ms", "update ms"), ("cycle_ms", "redraw ms"), ("key_p95_ms", "key p95 ms")]
 
 
-def measure(job_id: str, n: int, old: bool, presses: int) -> dict[str, float]:
-    """One viewer process: attach, then the dashboard; its figures."""
-    code = _CHILD.format(bench=str(Path(__file__).parent), n=n, old=old, job=job_id, presses=presses)
+def measure(job_id: str, n: int, old: bool, presses: int, root: Path = _ROOT) -> dict[str, float]:
+    """One viewer process (ddptop imported from *root*): attach, then the dashboard; its figures."""
+    code = _CHILD.format(root=str(root), bench=str(root / "bench"), n=n, old=old, job=job_id,
+                         presses=presses)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          check=False)
+                          check=False, cwd=root)
     if done.returncode != 0:
         raise RuntimeError(f"viewer failed: {done.stderr[-2000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -63,18 +69,24 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=32768)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--presses", type=int, default=40)
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another checkout's viewer as B (both with the current policy)")
     args = parser.parse_args()
+    if args.against is not None and not (args.against / "ddptop" / "tui" / "app.py").is_file():
+        parser.error(f"{args.against} is not a ddptop checkout")
+    ways = ("this", "that") if args.against is not None else ("held", "old")
     rt = Path(tempfile.mkdtemp(prefix="ddptop-gc-ab-"))
     os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
     job_id = f"gcab{args.ranks}"
     gen = run_in_subprocess(args.ranks, job_id, "healthy", 1.0, rt, extra_args=("--agents-only",),
                             ready_timeout=600)
-    runs: dict[str, list[dict[str, float]]] = {"held": [], "old": []}
+    runs: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
     try:
         for i in range(args.pairs):
-            for policy in ("held", "old") if i % 2 == 0 else ("old", "held"):
+            for policy in ways if i % 2 == 0 else ways[::-1]:
                 began = time.monotonic()
-                runs[policy].append(measure(job_id, args.ranks, policy == "old", args.presses))
+                root = args.against if policy == "that" else _ROOT
+                runs[policy].append(measure(job_id, args.ranks, policy == "old", args.presses, root))
                 took = time.monotonic() - began
                 print(f"  {policy} run {len(runs[policy])}: {took:.0f} s", file=sys.stderr)
     finally:
@@ -85,8 +97,11 @@ def main() -> int:
         cells = [statistics.median(r.get(key, float("nan")) for r in got) for key, _ in _SHOWN]
         each = "; ".join("/".join(_cell(r, key) for key, _ in _SHOWN) for r in got)
         print(f"{policy:>6} " + " ".join(f"{c:>12.2f}" for c in cells) + f"   ({each})")
-    print("held: the collector held off during the attach, then the attach frozen (ddptop.client.collector);"
-          " old: young collections every 50,000 allocations only")
+    if args.against is not None:
+        print(f"this: the viewer of {_ROOT}; that: the viewer of {args.against.resolve()}")
+    else:
+        print("held: the collector held off during the attach, then the attach frozen"
+              " (ddptop.client.collector); old: young collections every 50,000 allocations only")
     return 0
 
 

@@ -8,7 +8,10 @@ through its constructor and never knows which one it has (memray's live/replay s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 from ddptop.digest import PulseBatch
@@ -19,6 +22,55 @@ Emit = Callable[[Event], None]
 # Where the node agents' digest lane goes (ddptop.digest.PulseBatch, one per node digest): a
 # consumer that folds into a JobModel takes the batches as they are, in order with its events.
 PulseSink = Callable[[PulseBatch], None]
+
+
+# The longest a source's thread waits for a busy UI: a UI that stays busy cannot starve it
+# (the kernel's socket buffers hold what arrives meanwhile).
+GIVE_WAY_MAX_S = 0.25
+
+
+class Foreground:
+    """The moments a viewer's UI thread works for a person: a source's thread gives way.
+
+    Python runs one thread at a time. At 32,768 ranks a redraw (about 60 ms of work alone)
+    took twice that while the source's thread decoded frames beside it, and a key waited for
+    both. The UI marks its redraws and key actions with :meth:`busy`; the source's thread
+    calls :meth:`give_way` before each read. Only the UI thread calls ``busy`` (re-entrant).
+    """
+
+    def __init__(self, max_wait_s: float = GIVE_WAY_MAX_S) -> None:
+        self._free = threading.Event()
+        self._free.set()
+        self._depth = 0
+        self._max_wait_s = max_wait_s
+        self.waiting = False  # the source's thread is giving way now
+        self.gave_way_s = 0.0  # how long the source's thread waited in all (a bench's measure)
+
+    @property
+    def is_busy(self) -> bool:
+        """Whether the UI marked itself busy (a source's thread would wait)."""
+        return not self._free.is_set()
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """The UI is busy for the duration: the source's thread waits before its next read."""
+        self._depth += 1
+        self._free.clear()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                self._free.set()
+
+    def give_way(self) -> None:
+        """Called by a source's thread: wait while the UI is busy, at most *max_wait_s*."""
+        if not self._free.is_set():
+            began = time.monotonic()
+            self.waiting = True
+            self._free.wait(self._max_wait_s)
+            self.waiting = False
+            self.gave_way_s += time.monotonic() - began
 
 
 class StacksResult:
@@ -45,6 +97,7 @@ class JobSource(Protocol):
 
     live: bool
     description: str
+    foreground: Foreground  # the UI's busy moments, which the source's thread gives way to
 
     def start(self, emit: Emit, pulses: PulseSink | None = None) -> None:
         """Begin emitting events from a background thread; returns at once. Pulses of the

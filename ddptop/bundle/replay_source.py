@@ -19,7 +19,7 @@ from ddptop.bundle.record_dir import read_recording
 from ddptop.diagnosis import findings_for_model
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event, FrTraceMsg
-from ddptop.source import Emit, PulseSink, StacksResult, StatesResult
+from ddptop.source import Emit, Foreground, PulseSink, StacksResult, StatesResult
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class ReplaySource:
         self.contents: Contents = path if isinstance(path, Contents) else read_recording(path)
         self.manifest: Manifest = self.contents.manifest
         self.warnings: list[str] = list(self.contents.warnings)
+        self.foreground = Foreground()  # nothing to give way: the app asks model_at itself
         self.description = (f"{self.manifest.kind} of job {self.manifest.job_id} "
                             f"({self.manifest.world_size} ranks) from {self.contents.path.name}")
         events = self.contents.events

@@ -49,7 +49,7 @@ from ddptop.protocol import (
     StacksMsg,
     StateMsg,
 )
-from ddptop.source import Emit, PulseSink
+from ddptop.source import Emit, Foreground, PulseSink
 from ddptop.status import silent_after_s
 from ddptop.store.discovery import Endpoint
 from ddptop.wire import encode_frame, header_bytes
@@ -84,6 +84,7 @@ class LiveSource(LiveRequests):
         # and hand their beats and refusals to on_agent.
         self._news = news
         self.bytes_in = 0  # bytes received from every peer (a benchmark's measure)
+        self.foreground = Foreground()  # a dashboard's redraws and keys go first
         self.on_agent: Callable[[Endpoint, AgentBeat | ErrorMsg], None] | None = None
         # A viewer reads a dead rank's last words from the runtime directory; the node agent
         # reads them itself (with more: exit status, workers' crashes) and says no.
@@ -232,6 +233,7 @@ class LiveSource(LiveRequests):
 
     def _read(self, peer: Peer) -> None:
         assert peer.sock is not None
+        self.foreground.give_way()
         try:
             got = stream.receive(peer.sock, peer.buf, RECV_BYTES)
         except OSError as exc:

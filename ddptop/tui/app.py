@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widget import Widget
@@ -31,6 +31,7 @@ from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
 from ddptop.tui.findings import Cadence, findings, worst
+from ddptop.tui.replay_actions import ReplayActions
 from ddptop.tui.row_index import GROUP_FROM_RANKS, RowIndex
 from ddptop.tui.rows import RowBuilder
 from ddptop.tui.screens.detail import RankDetail
@@ -61,7 +62,7 @@ class EventsReady(Message):
         return isinstance(message, EventsReady)
 
 
-class DdptopApp(App[int]):
+class DdptopApp(ReplayActions):
     """The dashboard. ``source`` is live or replayable; ``clock`` gives "now" in live mode."""
 
     CSS_PATH = "ddptop.tcss"
@@ -159,8 +160,9 @@ class DdptopApp(App[int]):
     def on_events_ready(self, _message: EventsReady) -> None:
         """Fold every waiting event into the model; the timer redraws."""
         events = self._buffer.drain()
-        for event in events:
-            self.model.apply(event)
+        with self.source.foreground.busy():
+            for event in events:
+                self.model.apply(event)
         self._dirty = self._dirty or bool(events)
 
     def now(self) -> float:
@@ -182,7 +184,11 @@ class DdptopApp(App[int]):
 
     def redraw(self, fresh_findings: bool = False) -> None:
         """Rebuild rows and header from the model at :meth:`now`; findings at most once a second
-        (always in replay and when *fresh_findings*)."""
+        (always in replay and when *fresh_findings*). The source's thread waits meanwhile."""
+        with self.source.foreground.busy():
+            self._redraw(fresh_findings)
+
+    def _redraw(self, fresh_findings: bool) -> None:
         now = self.now()
         wall = time.monotonic()
         # New ranks (first data, a rank appearing) deserve findings at once, not a second later.
@@ -340,12 +346,14 @@ class DdptopApp(App[int]):
 
     def action_sort(self, delta: int) -> None:
         """Sort by the previous/next column."""
-        key = self.query_one(RankTable).cycle_sort(delta)
+        with self.source.foreground.busy():  # a sort of 32,768 ranks: tens of ms
+            key = self.query_one(RankTable).cycle_sort(delta)
         self.notify(f"sorted by {key}", timeout=2)
 
     def action_toggle_order(self) -> None:
         """Reverse the sort order."""
-        desc = self.query_one(RankTable).toggle_order()
+        with self.source.foreground.busy():
+            desc = self.query_one(RankTable).toggle_order()
         self.notify("descending" if desc else "ascending", timeout=2)
 
     def action_pause(self) -> None:
@@ -358,37 +366,6 @@ class DdptopApp(App[int]):
         """Redraw now (also while paused)."""
         self.redraw(fresh_findings=True)
         self.notify("refreshed", timeout=2)
-
-    # ------------------------------------------------------------ replay actions
-
-    def action_step(self, n: int) -> None:
-        """Replay: previous/next recorded moment."""
-        self.query_one(Timeline).step(n)
-
-    def action_edge(self, end: int) -> None:
-        """Replay: first or last moment."""
-        timeline = self.query_one(Timeline)
-        timeline.seek(timeline.end if end else timeline.start)
-
-    def action_play(self) -> None:
-        """Replay: play / pause."""
-        playing = self.query_one(Timeline).toggle_play()
-        self.notify("playing" if playing else "paused", timeout=2)
-
-    def action_speed(self, delta: int) -> None:
-        """Replay: faster / slower."""
-        self.notify(f"speed {self.query_one(Timeline).change_speed(delta):g}x", timeout=2)
-
-    def action_first_finding(self) -> None:
-        """Replay: jump to the first moment with a warning or worse (the recording knows it)."""
-        if self.recording is None:
-            return
-        first = self.recording.first_finding_time()
-        if first is None:
-            self.notify("no finding anywhere in this recording")
-            return
-        self.query_one(Timeline).seek(first)
-        self.notify("jumped to the first finding", timeout=5)
 
 
 def _index_like(model: JobModel, before: RowIndex | None) -> RowIndex:

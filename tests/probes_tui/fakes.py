@@ -20,7 +20,7 @@ from ddptop.protocol import (
     StateMsg,
     ThreadStack,
 )
-from ddptop.source import Emit, PulseSink, StacksResult, StatesResult
+from ddptop.source import Emit, Foreground, PulseSink, StacksResult, StatesResult
 
 NOW = 1_700_000_000.0
 
@@ -69,6 +69,7 @@ class FakeSource:
 
     def __init__(self, events: Sequence[Event], stacks: dict[int, StacksMsg] | None = None) -> None:
         self.events = list(events)
+        self.foreground = Foreground()
         self.stacks = stacks or {}
         self.stopped = False
         self.emit: Emit | None = None

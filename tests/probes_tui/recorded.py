@@ -17,7 +17,7 @@ from ddptop.bundle.reader import build_model, end_time
 from ddptop.bundle.record_dir import read_recording
 from ddptop.model.job import JobModel
 from ddptop.protocol import FrTraceMsg
-from ddptop.source import Emit, PulseSink, StacksResult, StatesResult
+from ddptop.source import Emit, Foreground, PulseSink, StacksResult, StatesResult
 
 
 class RecordedJob:
@@ -27,6 +27,7 @@ class RecordedJob:
 
     def __init__(self, path: Path) -> None:
         self.contents = read_recording(path)
+        self.foreground = Foreground()
         self.description = f"job {self.contents.manifest.job_id} as recorded in {path.name}"
         self.now = end_time(self.contents)  # the app's clock: the moment of the export
         self._final: JobModel = build_model(self.contents)

@@ -1,0 +1,76 @@
+"""The UI's busy moments and a source's thread that gives way to them (ddptop.source.Foreground).
+
+A dashboard of 32,768 ranks redraws for tens of milliseconds; Python runs one thread at a time,
+so the live source's decoding beside it doubled that. The source's thread waits before each
+read while the UI is busy, never longer than the bound, and reads on once the UI is done.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from ddptop.client.live import LiveSource
+from ddptop.client.model_feed import ModelFeed
+from ddptop.client.targets import resolve
+from ddptop.source import GIVE_WAY_MAX_S, Foreground
+from ddptop.testing.synthetic import SyntheticJob
+from tests.jobs import wait_until
+
+
+def _give_way_in_a_thread(fg: Foreground) -> threading.Thread:
+    thread = threading.Thread(target=fg.give_way, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_free_ui_costs_the_source_nothing() -> None:
+    fg = Foreground()
+    fg.give_way()
+    assert fg.gave_way_s == 0.0 and not fg.is_busy
+
+
+def test_the_source_waits_until_the_ui_is_done() -> None:
+    fg = Foreground(max_wait_s=60.0)  # a return well before the bound: the UI's release woke it
+    with fg.busy():
+        thread = _give_way_in_a_thread(fg)
+        wait_until(lambda: fg.waiting, 10.0, "the source's thread waiting")
+    thread.join(10.0)
+    assert not thread.is_alive() and 0.0 < fg.gave_way_s < 60.0
+
+
+def test_busy_is_reentrant_the_outer_moment_ends_it() -> None:
+    fg = Foreground(max_wait_s=60.0)
+    with fg.busy():
+        with fg.busy():
+            pass
+        assert fg.is_busy  # the inner end does not free the source while the outer goes on
+        thread = _give_way_in_a_thread(fg)
+        wait_until(lambda: fg.waiting, 10.0, "the source's thread waiting")
+    thread.join(10.0)
+    assert not thread.is_alive() and not fg.is_busy
+
+
+def test_a_ui_that_stays_busy_cannot_starve_the_source() -> None:
+    fg = Foreground(max_wait_s=0.05)
+    with fg.busy():
+        began = time.monotonic()
+        fg.give_way()  # on this thread: it returns with the UI still busy
+        assert fg.is_busy and time.monotonic() - began >= 0.05 and fg.gave_way_s >= 0.05
+    assert GIVE_WAY_MAX_S <= 0.25  # the default: a stalled UI delays frames a quarter second at most
+
+
+def test_a_live_source_gives_way_before_its_reads(runtime_dir: Path) -> None:
+    with SyntheticJob(4, "fg4", interval_s=0.2, runtime_dir=runtime_dir):
+        source = LiveSource(resolve("fg4"), connect_timeout=5.0)
+        feed = ModelFeed("fg4", 4)
+        source.start(feed.emit)
+        try:
+            wait_until(lambda: feed.settled(range(4)) == 4, 20.0, "every rank's state")
+            with source.foreground.busy():
+                wait_until(lambda: source.foreground.waiting, 10.0, "the source's thread giving way")
+            read = source.bytes_in
+            wait_until(lambda: source.bytes_in > read, 10.0, "reads going on once the UI is done")
+        finally:
+            source.stop()
