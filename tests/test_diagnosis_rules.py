@@ -223,6 +223,22 @@ def test_collective_stall_names_the_rank_that_never_entered() -> None:
     assert any("rank 3 never entered it (seq 36" in e for e in f.evidence)
 
 
+def test_collective_stall_says_not_heard_of_a_rank_last_seen_before_the_wait() -> None:
+    """A rank behind whose newest state predates the wait (a silent rank, a lagging sender: seen
+    in CI at 32,768 ranks) may have entered since: it is not said to have never entered it."""
+    silent = msgspec.structs.replace(at_seq(2, 36, changed_ago=20.0), time=NOW - 15.0)
+    states = [in_collective(r, 37) for r in (0, 1)] + [silent, at_seq(3, 36, changed_ago=20.0)]
+    f = only(diagnose(snap(states), {}, NOW), "collective_stall")
+    assert f.ranks == [2, 3]
+    assert f.title.endswith("rank 3 never entered it; rank 2 not heard from since it began"), f.title
+    assert any(e.startswith("rank 2 not heard from since it began (last state 15.0s ago: seq 36")
+               for e in f.evidence), f.evidence
+    # Heard once more after the wait began, still behind: now it never entered it.
+    heard = msgspec.structs.replace(silent, time=NOW - 1.0)
+    f = only(diagnose(snap([*states[:2], heard, states[3]]), {}, NOW), "collective_stall")
+    assert f.title.endswith("ranks 2-3 never entered it"), f.title
+
+
 def test_stall_at_the_first_collective_with_one_rank_missing() -> None:
     states = [in_collective(r, 1, age=7.0) for r in range(3)] + [at_seq(3, 0, changed_ago=30.0)]
     f = only(diagnose(snap(states), {}, NOW), "collective_stall")

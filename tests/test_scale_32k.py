@@ -19,17 +19,15 @@ from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import resolve
 from ddptop.client.watch import watching
 from ddptop.diagnosis import findings_for_model
-from ddptop.model.job import JobModel
 from ddptop.testing.synthetic import SyntheticProcess, ensure_fd_limit, run_in_subprocess
 
 N, PER_NODE = 32768, 8
 INTERVAL_S = 2.0  # the generator's 32,768 states per sample take about a second to build here
 
 
-def _seen_at(model: JobModel, rank: int) -> float:
-    """The time of the newest state the viewer holds of *rank* (0.0: none)."""
-    state = model.ranks[rank].state if rank in model.ranks else None
-    return state.time if state is not None else 0.0
+def _told(title: str) -> list[str]:
+    """What a collective_stall's title says of the ranks behind, part by part."""
+    return title.split("; ")[1:]
 
 
 @pytest.mark.slow
@@ -42,21 +40,20 @@ def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_ag
                             extra_args=("--agents-only", "--ranks-per-agent", str(PER_NODE),
                                         "--desync-after", "4"))
     generators.append(gen)
-    banner = re.search(r"odd rank (\d+), event at ([\d.]+)", gen.banner)
+    banner = re.search(r"odd rank (\d+)", gen.banner)
     assert banner, gen.banner
-    odd, event_at = int(banner[1]), float(banner[2])
+    odd = int(banner[1])
     target = resolve("big")
     assert target.world_size == N and target.via_agents
     feed = ModelFeed("big", N)
     with watching(target, feed, token=None, connect_timeout=30.0, read_stuck=False, digest=True) as source:
         assert source.connections == N // PER_NODE  # one per node, none per rank
         assert feed.wait_settled(range(N), 240.0) == N, "a state of every rank through the agents"
-        named: list[str] = []
-        among: list[str] = []
-        beside: dict[int, float] = {}  # ranks named with the hung one: the time of their newest state
+        alone = f"rank {odd} never entered it"
+        stalls: list[str] = []
         seen: list[str] = []
         deadline = time.monotonic() + 240
-        while not named and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             model = feed.copy()
             # Judged at the newest state this viewer holds (as doctor judges a record at its
             # end): on a loaded CI machine the viewer or the generator can fall seconds behind
@@ -64,25 +61,16 @@ def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_ag
             # looks stale. Whether a rank is named is the question here, not the viewer's lag.
             found = findings_for_model(model, model.last_time)
             seen = [f"{f.kind} {f.ranks[:3]}" for f in found]
-            named = [f.title for f in found if f.kind == "collective_stall" and f.ranks == [odd]]
-            # A loaded CI machine can leave nodes of the generator behind, their ranks named
-            # beside the hung one (seen: [21984, 29864, 29865]; once 1,336 ranks for 4 minutes).
-            stalls = [f for f in found if f.kind == "collective_stall" and odd in f.ranks]
-            among = [f.title for f in stalls]
-            # (0.0: no state at all, the viewer's link to that rank's agent failed under load)
-            beside = {r: _seen_at(model, r) for f in stalls[:1] for r in f.ranks if r != odd}
-            if not named:
-                time.sleep(1.0)  # a diagnosis of 32,768 ranks is itself a second's work
+            stalls = [f.title for f in found if f.kind == "collective_stall" and odd in f.ranks]
+            if any(alone in _told(t) for t in stalls):
+                break
+            time.sleep(1.0)  # a diagnosis of 32,768 ranks is itself a second's work
         pulses = sum(p.digest.pulses for p in source._agent_peers if p.digest is not None)
-    if not named:
-        # Named beside others: only ranks whose newest state the viewer holds predates the
-        # collective (the generator left them behind) may be named with it, never a rank the
-        # viewer saw after the event (it is in the collective, not missing from it).
-        fresh = {r: t for r, t in beside.items() if t >= event_at + 2 * INTERVAL_S}
-        assert not fresh, f"ranks seen after the event named as never entering: {sorted(fresh)[:10]}"
-    assert named or among, f"no collective_stall naming rank {odd} within 240 s; last findings: {seen}"
-    if named:
-        assert named[0].endswith(f"rank {odd} never entered it"), named
-    else:
-        assert among[0].endswith("never entered it"), among
+    assert stalls, f"no collective_stall naming rank {odd} within 240 s; last findings: {seen}"
+    told = _told(stalls[0])
+    # The hung rank alone never entered it. A loaded CI machine can leave nodes of the generator
+    # behind (seen: 1,336 ranks for 4 minutes): those the viewer last heard before the wait are
+    # named apart, as not heard from, never as ranks that did not enter it.
+    assert alone in told, stalls[0]
+    assert all(t == alone or t.endswith("not heard from since it began") for t in told), stalls[0]
     assert pulses > 0  # the states came as digests, not a frame each

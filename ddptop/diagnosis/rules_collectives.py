@@ -209,12 +209,24 @@ def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int
         return None
     by_rank = snapshot.by_rank()
     lagging = sorted(set(behind) | set(gone))
+    # A rank behind whose newest state is older than the wait was not seen outside it: it may
+    # have entered since (a silent rank, a lagging sender). Only one heard after can be said
+    # to have never entered it.
+    began = now - age
+    unheard = {r for r in behind if by_rank[r].time < began}
     evidence = [f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}"]
     for r in sorted(behind):
         s = by_rank[r]
         last = f", last step {human_duration(now - s.last_step_at)} ago" if s.last_step_at else ""
-        evidence.append(f"rank {r} never entered it (seq {behind[r]}, step {s.step}{last})")
+        at = f"seq {behind[r]}, step {s.step}{last}"
+        evidence.append(f"rank {r} not heard from since it began (last state "
+                        f"{human_duration(now - s.time)} ago: {at})" if r in unheard
+                        else f"rank {r} never entered it ({at})")
     evidence += [f"rank {r} {why}" for r, why in sorted(gone.items())]
+    never = sorted(set(lagging) - unheard)
+    told = [f"{ranks_text(never)} never entered it"] if never else []
+    if unheard:
+        told.append(f"{ranks_text(sorted(unheard))} not heard from since it began")
     op = next(iter(waiting.values())).op
     if op.timeout_s:
         evidence.append(f"the watchdog fires after {human_duration(op.timeout_s)}, "
@@ -223,8 +235,7 @@ def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int
         op.timeout_s and age >= op.timeout_s / 2)
     return Finding(
         kind="collective_stall", severity="critical" if critical else "warning", ranks=lagging,
-        title=f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}; "
-              f"{ranks_text(lagging)} never entered it",
+        title=f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}; " + "; ".join(told),
         evidence=evidence,
         remedy=(f"look at what {ranks_text(lagging)} is doing (stacks: press s in `ddptop attach`): a rank "
                 "that loads data slowly, ran out of batches, or took another code path; if it is saving a "
