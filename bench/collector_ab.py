@@ -44,6 +44,7 @@ out.update(asyncio.run(B._tui({job!r}, n, {presses}, True, old)))
 print(json.dumps(out))
 """
 _SHOWN = [("attach_s", "attach s"), ("attach_cpu_s", "attach CPU s"), ("release_s", "freeze s"),
+          ("events_per_s", "events/s"), ("cpu_ms_per_s", "ingest ms/s"),
           ("update_ms", "update ms"), ("cycle_ms", "redraw ms"), ("key_p95_ms", "key p95 ms")]
 
 

@@ -18,6 +18,12 @@ SNAPSHOT_REPORT_DEFAULT = "snapshot_report.html"  # pytest-textual-snapshot's --
 
 
 @pytest.fixture
+def via_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Viewers reach the ranks through their node agents (DDPTOP_VIA=agent)."""
+    monkeypatch.setenv("DDPTOP_VIA", "agent")
+
+
+@pytest.fixture
 def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private DDPTOP_RUNTIME_DIR for this test (in-process code sees it too)."""
     path = tmp_path / "rt"

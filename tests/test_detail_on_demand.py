@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pytest
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -27,11 +26,6 @@ from ddptop.tui.screens.detail import RankDetail
 
 SIZE = (170, 60)
 RANK = 3
-
-
-@pytest.fixture
-def via_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DDPTOP_VIA", "agent")
 
 
 async def until(pilot: Pilot[int], cond: Callable[[], bool], timeout: float, what: str) -> None:

@@ -36,11 +36,6 @@ from tests.watched import Watched
 HARD_LIMIT_HERE = 20_000  # `ulimit -Hn` of the machines this project runs on
 
 
-@pytest.fixture
-def via_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DDPTOP_VIA", "agent")
-
-
 def test_fd_math_fits_32768_ranks_only_behind_agents() -> None:
     # One listener per node agent of 8, plus one outside viewer's connection each.
     assert fds_needed(32768, 8, rank_servers=False) == 4096 * 2 + 64

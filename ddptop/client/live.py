@@ -63,6 +63,8 @@ STUCK_EVERY_S = 1.0
 # per rank per sample costs little and the rank detail keeps every field fresh.
 DIGEST_FROM_RANKS = 1024
 RECV_BYTES = 1 << 20  # per read: a node agent's catch-up of 512 ranks comes in one
+# From this many connections frames gather GATHER_S between polls (ServerLoop.poll explains).
+GATHER_FROM_PEERS, GATHER_S = 64, 0.01
 
 
 class LiveSource(LiveRequests):
@@ -195,7 +197,8 @@ class LiveSource(LiveRequests):
                     self._queued.clear()
             if self._read_stuck and time.monotonic() >= self._stuck_check:
                 self._deliver_stuck()
-            self._loop.poll(0.1 if self._closing else 0.5)
+            gather = GATHER_S if self.connections >= GATHER_FROM_PEERS else 0.0
+            self._loop.poll(0.1 if self._closing else 0.5, gather)
 
     def _serve(self, peer: Peer, events: int) -> None:
         """The loop saw *events* on *peer*'s socket."""

@@ -43,6 +43,7 @@ class ServerLoop:
         self.selector = selectors.DefaultSelector()
         self.servers: list[Sweepable] = []
         self._next_sweep = 0.0
+        self.polls = 0  # wake-ups so far (how many frames a poll serves: a bench's measure)
         # A loop polled by a thread that must stop promptly (a rank's reporter at exit, the
         # synthetic job) needs waking; shared loops driven inline do not pay for the pair.
         self._wake: tuple[socket.socket, socket.socket] | None = None
@@ -51,9 +52,16 @@ class ServerLoop:
             self._wake[0].setblocking(False)
             self.selector.register(self._wake[0], selectors.EVENT_READ, None)
 
-    def poll(self, timeout: float) -> None:
-        """Serve every registered socket for up to *timeout* seconds."""
-        for key, events in self.selector.select(timeout):
+    def poll(self, timeout: float, gather_s: float = 0.0) -> int:
+        """Serve every registered socket for up to *timeout* seconds; how many were ready.
+
+        *gather_s*: nap that long after serving, when any was ready. Many peers that each
+        send at their own moment, served as they come, make a poll per frame (3,000 wake-ups
+        a second at 32,768 ranks, a third of a viewer's ingest CPU): napped, one poll serves
+        dozens."""
+        ready = self.selector.select(timeout)
+        self.polls += 1
+        for key, events in ready:
             owner = key.data
             if owner is not None:
                 owner.on_ready(events)
@@ -67,6 +75,9 @@ class ServerLoop:
             self._next_sweep = now + limits.SWEEP_INTERVAL_S
             for server in self.servers:
                 server.sweep(now)
+        if ready and gather_s > 0:
+            time.sleep(gather_s)
+        return len(ready)
 
     def wake(self) -> None:
         """Interrupt a :meth:`poll` running in another thread (needs ``wakeable=True``)."""
