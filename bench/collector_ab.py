@@ -45,7 +45,8 @@ print(json.dumps(out))
 """
 _SHOWN = [("attach_s", "attach s"), ("attach_cpu_s", "attach CPU s"), ("release_s", "freeze s"),
           ("events_per_s", "events/s"), ("cpu_ms_per_s", "ingest ms/s"),
-          ("update_ms", "update ms"), ("cycle_ms", "redraw ms"), ("key_p95_ms", "key p95 ms")]
+          ("update_ms", "update ms"), ("cycle_ms", "redraw ms"), ("key_p95_ms", "key p95 ms"),
+          ("ui_ms_per_s", "UI CPU ms/s")]
 
 
 def measure(job_id: str, n: int, old: bool, presses: int, root: Path = _ROOT) -> dict[str, float]:

@@ -171,6 +171,7 @@ async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
             await pilot.pause(0.2)
         update, paint, cycle = [], [], []
         app.paused = True  # the timer stops redrawing: the bench redraws at the timer's cadence
+        ui_cpu, ui_wall = time.thread_time(), time.monotonic()  # the UI thread's work, all of it
         for _ in range(9):
             # One redraw interval of live events arrives first, as between two timer redraws
             # (at 1 Hz samples and 4 redraws/s, a quarter of the ranks changed).
@@ -189,6 +190,7 @@ async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
             for y in range(table.size.height):
                 table.render_line(y)
             paint.append(time.perf_counter() - began)
+        ui_ms_per_s = 1000 * (time.thread_time() - ui_cpu) / (time.monotonic() - ui_wall)
         app.paused = False
         keys = []
         for i in range(presses):
@@ -207,7 +209,7 @@ async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
     return {"update_ms": 1000 * statistics.median(update), "paint_ms": 1000 * statistics.median(paint),
             "cycle_ms": 1000 * statistics.median(cycle),
             "key_p95_ms": 1000 * keys[min(len(keys) - 1, int(0.95 * len(keys)))],
-            "key_max_ms": 1000 * keys[-1], "rows": float(len(table.shown_rows))}
+            "key_max_ms": 1000 * keys[-1], "rows": float(len(table.shown_rows)), "ui_ms_per_s": ui_ms_per_s}
 
 
 async def _painted(pilot) -> None:  # type: ignore[no-untyped-def]

@@ -256,6 +256,13 @@ class JobModel:
             self._status_index = StatusIndex(self)
         return self._status_index.statuses(now)
 
+    def status_words(self) -> dict[int, str]:
+        """Every rank's word but for the clock (a rank heard just now: its word at any moment
+        soon), caught up with the ranks that changed; read it, never change it."""
+        if self._status_index is None:
+            self._status_index = StatusIndex(self)
+        return self._status_index.words()
+
     def _statuses_full(self, now: float) -> dict[int, str]:
         """:meth:`statuses` by one loop over every rank: the reference the index is held to."""
         out: dict[int, str] = {}

@@ -64,6 +64,12 @@ class StatusIndex:
                 break
         return out
 
+    def words(self) -> dict[int, str]:
+        """Every rank's word but for the clock: what :meth:`statuses` gives a rank heard just
+        now. The index's own dict (read it, never change it)."""
+        self._fold()
+        return self._base
+
     # ------------------------------------------------------------ upkeep
 
     def _fold(self) -> None:

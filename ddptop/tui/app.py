@@ -163,6 +163,8 @@ class DdptopApp(ReplayActions):
         with self.source.foreground.busy():
             for event in events:
                 self.model.apply(event)
+            if self._index is not None and self._index.model is self.model:
+                self._index.absorb()  # the per-rank part of the next redraw, as events come
         self._dirty = self._dirty or bool(events)
 
     def now(self) -> float:

@@ -124,8 +124,9 @@ class RowIndex:
         self._bad: set[int] = set()
         self._keys: dict[int, tuple[tuple[str, ...], ...]] = {}  # per kind of _KINDS
         self._groups: dict[str, dict[tuple[str, ...], set[int]]] = {k: {} for k in _KINDS}
-        self._memo: dict[int, tuple[int, str, RankRow]] = {}
+        self._memo: dict[int, tuple[int, str, RankFacts, RankRow]] = {}
         self._detail: dict[int, object] = {}  # the state object each rank's facts were read over
+        self._absorbed: set[int] = set()  # folded by absorb() since the last refresh
         self._all: tuple[tuple[int, int], list[int], list[int]] = ((-1, -1), [], [])  # all, unknown
 
     # ------------------------------------------------------------ upkeep
@@ -141,6 +142,30 @@ class RowIndex:
             changed.update(moved)
             recount(counts, prev, statuses, moved)  # the header's, without a pass over every rank
         self.statuses = statuses
+        if self._absorbed:  # folded with their word but for the clock: redo those it changed
+            facts = self._facts
+            changed.update([r for r in self._absorbed if facts[r].status != statuses[r]])
+            self._absorbed.clear()
+        self._fold_ranks(changed, statuses)
+        self.leads = leads = JobLeads(max(self._seq.values(), default=0), max(self._step.values(), default=0),
+                                      majority(self._bpes), len(self._bpes), self._ops)
+        facts = self._facts
+        marks = {r: m for r in self._candidates(leads) if (m := marks_of(facts[r], leads))}
+        self.marks = marks
+        self.odd = sorted(marks, key=lambda r: (_worst(statuses[r], marks[r]), r))
+        return self._sequence()
+
+    def absorb(self) -> None:
+        """The per-rank part of :meth:`refresh` for the ranks changed since, done as their
+        events arrive (the app calls it after each fold of events): at 32,768 ranks a redraw
+        then has a few hundred ranks left, not 8,000, and a key waits for slices of work."""
+        if self._dirty:
+            changed = set(self._dirty)
+            self._dirty.clear()
+            self._fold_ranks(changed, self.model.status_words())
+            self._absorbed |= changed
+
+    def _fold_ranks(self, changed: set[int], statuses: dict[int, str]) -> None:
         views, facts, detail = self.model.ranks, self._facts, self._detail
         seq_of, step_of = self._seq, self._step
         for rank in changed:
@@ -159,13 +184,6 @@ class RowIndex:
                 flag(self._seq_stuck, rank, f.seq_stuck)
             if f.step_stuck != old.step_stuck:
                 flag(self._step_stuck, rank, f.step_stuck)
-        self.leads = leads = JobLeads(max(self._seq.values(), default=0), max(self._step.values(), default=0),
-                                      majority(self._bpes), len(self._bpes), self._ops)
-        facts = self._facts
-        marks = {r: m for r in self._candidates(leads) if (m := marks_of(facts[r], leads))}
-        self.marks = marks
-        self.odd = sorted(marks, key=lambda r: (_worst(statuses[r], marks[r]), r))
-        return self._sequence()
 
     def _update(self, rank: int, status: str) -> None:
         # Inline and field by field, only what moved: 8,192 ranks per redraw at 32,768 ranks.
@@ -256,10 +274,11 @@ class RowIndex:
             entries.extend(self.odd)
             odd = set(self.odd)
             kind = "rest"
-            groups = {k: (m - odd if odd else m) for k, m in self._groups[kind].items()}
+            groups = {k: m - odd for k, m in self._groups[kind].items()}
         else:
             kind = self.view
-            groups = self._groups[kind]
+            # Copies: absorb() moves ranks between the live sets before the rows are painted.
+            groups = {k: set(m) for k, m in self._groups[kind].items()}
         # Nodes by name; statuses and collectives biggest first.
         by_size = kind != "node"
         order = sorted(groups.items(), key=lambda i: (-len(i[1]) if by_size else 0, i[0]))
@@ -277,17 +296,19 @@ class RowIndex:
 
     def row(self, rank: int) -> RankRow:
         """The row of *rank*, as ``build_rows`` makes it (memoized while the rank is unchanged)."""
-        view, f = self.model.ranks.get(rank), self._facts.get(rank)
-        if view is None or f is None:  # never heard from, or only since the last refresh
+        view, status = self.model.ranks.get(rank), self.statuses.get(rank)
+        if view is None or status is None:  # never heard from, or only since the last refresh
             return RankRow(rank=rank, status=Status.UNKNOWN)
-        status, leads = self.statuses[rank], self.leads
+        f, leads = self._facts[rank], self.leads
         hit = self._memo.get(rank)
-        if hit is not None and hit[0] == view.version and hit[1] == status:
-            built = hit[2]
+        # The facts too (by identity, a new object at each fold): a row painted between an
+        # event and the fold of its rank holds the facts of before; once folded it is rebuilt.
+        if hit is not None and hit[0] == view.version and hit[1] == status and hit[2] is f:
+            built = hit[3]
         else:
             built = _row(view, status, f)
-            self._memo[rank] = (view.version, status, built)
-        built.marks = marks_of(f, leads)
+            self._memo[rank] = (view.version, status, f, built)
+        built.marks = list(self.marks.get(rank, ()))  # marks_of(facts, leads) of the last refresh
         built.seq_lag = leads.max_seq - built.seq if built.seq is not None else 0
         return built
 
@@ -321,7 +342,7 @@ class RowIndex:
             return group
         if group.kind in ("status", "rest"):
             group.status_counts = {group.key[0]: len(members)}  # one status by construction
-        else:
+        else:  # the members' words of the refresh that made the group
             group.status_counts = dict(Counter(map(self.statuses.__getitem__, members)))
         steps = _values_of(self._step, members)
         if steps:
@@ -331,11 +352,14 @@ class RowIndex:
             group.seq_lo, group.seq_hi = min(seqs), max(seqs)
         key = group.key
         if group.kind in ("collective", "rest") and key[-1] != COMPUTING:
-            # Every member waits in this op: (seq, op) pairs order by seq.
-            at = list(map(self._op.__getitem__, members))
-            lo, hi = min(at)[0], max(at)[0]
-            group.pending = f"{key[-1]} #{lo}" if lo == hi else f"{key[-1]} #{lo}-{hi}"
-            group.oldest_wait_s = max(map(self._age.__getitem__, members))
+            # Every member waited in this op at the refresh ((seq, op) pairs order by seq);
+            # absorb() may have seen some leave it since.
+            at = [a for a in map(self._op.get, members) if a is not None]
+            ages = [a for a in map(self._age.get, members) if a is not None]
+            if at:
+                lo, hi = min(at)[0], max(at)[0]
+                group.pending = f"{key[-1]} #{lo}" if lo == hi else f"{key[-1]} #{lo}-{hi}"
+            group.oldest_wait_s = max(ages, default=None)
         marked = self.marks.keys() & members
         group.marks = list(dict.fromkeys(m for r in sorted(marked) for m in self.marks[r]))
         return group

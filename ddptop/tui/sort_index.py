@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 
 # Rows of ranks never heard from hold the defaults: "" for the host, None for every number.
 _EMPTY: dict[str, Any] = {"host": ""}
-# The columns read from the model's views (the others from the index's last refresh).
-_FROM_VIEWS = frozenset(("host", "step", "epoch", "batch", "wait", "ready", "cpu", "rss", "gpu", "gmem",
-                         "shm"))
+# The columns of the index's last refresh (the others read views and facts, which can be newer).
+_OF_REFRESH = frozenset(("rank", "status", "flags"))
 # The table's columns that are a Sample field (a RankState has the same field).
 _SAMPLE_FIELDS = {"step": "step", "epoch": "epoch", "batch": "batch", "wait": "data_wait_fraction",
                   "ready": "loader_ready_batches", "cpu": "cpu_percent", "rss": "rss_bytes"}
@@ -60,7 +59,7 @@ def _gpu_mem(view: RankView | None) -> float | None:
 
 
 def _of_facts(index: RowIndex, ranks: list[int], read: Callable[[RankFacts], Any]) -> list[Any]:
-    # What the last refresh read (a rank the model got since has no facts yet: no value).
+    # What the index read last (a rank the model got since has no facts yet: no value).
     views, facts = index.model.ranks, index.every_fact
     return [None if (v := views.get(r)) is None or v.base is None or (f := facts.get(r)) is None
             else read(f) for r in ranks]
@@ -98,11 +97,11 @@ def _values(index: RowIndex, ranks: list[int], key: str) -> list[Any]:
 def sorted_ranks(index: RowIndex, ranks: list[int], key: str, reverse: bool) -> list[int]:
     """*ranks* (ascending) in the order ``sort_rows(rows, key, reverse)`` puts their rows."""
     values = _values(index, ranks, key)
-    facts = index.every_fact
-    if len(facts) < len(index.model.ranks) and key in _FROM_VIEWS:
+    words = index.statuses
+    if len(words) < len(index.model.ranks) and key not in _OF_REFRESH:
         # Ranks heard since the last refresh: their rows say "unknown" until the next one.
         empty = _EMPTY.get(key)
-        values = [v if r in facts else empty for v, r in zip(values, ranks, strict=True)]
+        values = [v if r in words else empty for v, r in zip(values, ranks, strict=True)]
     has = [v is not None for v in values]
     if all(has):
         present, at = values, ranks
