@@ -24,8 +24,8 @@ Emit = Callable[[Event], None]
 PulseSink = Callable[[PulseBatch], None]
 
 
-# The longest a source's thread waits for a busy UI: a UI that stays busy cannot starve it
-# (the kernel's socket buffers hold what arrives meanwhile).
+# The longest a source's thread waits for a busy UI at a time, and then reads on freely as long:
+# a UI that stays busy cannot starve it (the kernel's socket buffers hold what arrives).
 GIVE_WAY_MAX_S = 0.25
 
 
@@ -43,6 +43,7 @@ class Foreground:
         self._free.set()
         self._depth = 0
         self._max_wait_s = max_wait_s
+        self._pass_until = 0.0  # after a wait the UI outlasted: read on freely until then
         self.waiting = False  # the source's thread is giving way now
         self.gave_way_s = 0.0  # how long the source's thread waited in all (a bench's measure)
 
@@ -65,10 +66,13 @@ class Foreground:
 
     def give_way(self) -> None:
         """Called by a source's thread: wait while the UI is busy, at most *max_wait_s*."""
-        if not self._free.is_set():
+        if not self._free.is_set() and time.monotonic() >= self._pass_until:
             began = time.monotonic()
             self.waiting = True
-            self._free.wait(self._max_wait_s)
+            if not self._free.wait(self._max_wait_s):
+                # The UI stayed busy throughout: read on as long without waiting, so that a UI
+                # busy without end halves the source's pace at worst, never stops it.
+                self._pass_until = time.monotonic() + self._max_wait_s
             self.waiting = False
             self.gave_way_s += time.monotonic() - began
 

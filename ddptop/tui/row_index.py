@@ -309,16 +309,17 @@ class RowIndex:
             built = _row(view, status, f)
             self._memo[rank] = (view.version, status, f, built)
         built.marks = list(self.marks.get(rank, ()))  # marks_of(facts, leads) of the last refresh
-        built.seq_lag = leads.max_seq - built.seq if built.seq is not None else 0
+        # Folded since the refresh (absorb), a rank's seq can pass the refresh's lead: no lag.
+        built.seq_lag = max(0, leads.max_seq - built.seq) if built.seq is not None else 0
         return built
 
     def facts(self, rank: int) -> RankFacts:
-        """What *rank*'s row and marks were read from at the last refresh."""
+        """What *rank*'s row was read from: folded at the last refresh, or by absorb() since."""
         return self._facts[rank]
 
     @property
     def every_fact(self) -> dict[int, RankFacts]:
-        """Each rank's facts of the last refresh (read, never changed, by the sort)."""
+        """Each rank's facts, as :meth:`facts` (the sort reads them; never change them)."""
         return self._facts
 
     def known(self) -> list[int]:
