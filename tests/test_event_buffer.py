@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 from ddptop.protocol import ConnectionEvent
-from ddptop.tui.event_buffer import EventBuffer
+from ddptop.tui.event_buffer import MAX_PENDING, EventBuffer
 
 
 def _event(rank: int) -> ConnectionEvent:
@@ -44,3 +44,12 @@ def test_a_pushing_thread_loses_nothing() -> None:
     producer.join(30.0)
     taken += [e.rank for e in buffer.drain()]  # type: ignore[union-attr]
     assert taken == list(range(n)) and buffer.dropped == 0
+
+
+def test_a_stalled_ui_loses_the_oldest_events_and_counts_each() -> None:
+    buffer = EventBuffer(lambda: None)
+    for r in range(MAX_PENDING + 5):
+        buffer.push(_event(r))
+    kept = buffer.drain()
+    assert buffer.dropped == 5 and len(kept) == MAX_PENDING
+    assert kept[0].rank == 5 and kept[-1].rank == MAX_PENDING + 4  # type: ignore[union-attr]
