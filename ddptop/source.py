@@ -45,7 +45,7 @@ class Foreground:
         self._max_wait_s = max_wait_s
         self._pass_until = 0.0  # after a wait the UI outlasted: read on freely until then
         self.waiting = False  # the source's thread is giving way now
-        self.gave_way_s = 0.0  # how long the source's thread waited in all (a bench's measure)
+        self.gave_way_s = 0.0  # how long the source's thread waited in all (what a test reads)
 
     @property
     def is_busy(self) -> bool:

@@ -11,9 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import resolve
+from ddptop.client.watch import watching
 from ddptop.source import GIVE_WAY_MAX_S, Foreground
 from ddptop.testing.synthetic import SyntheticJob
 from tests.jobs import wait_until
@@ -66,15 +66,11 @@ def test_a_ui_that_stays_busy_cannot_starve_the_source() -> None:
 
 
 def test_a_live_source_gives_way_before_its_reads(runtime_dir: Path) -> None:
-    with SyntheticJob(4, "fg4", interval_s=0.2, runtime_dir=runtime_dir):
-        source = LiveSource(resolve("fg4"), connect_timeout=5.0)
-        feed = ModelFeed("fg4", 4)
-        source.start(feed.emit)
-        try:
-            wait_until(lambda: feed.settled(range(4)) == 4, 20.0, "every rank's state")
-            with source.foreground.busy():
-                wait_until(lambda: source.foreground.waiting, 10.0, "the source's thread giving way")
-            read = source.bytes_in
-            wait_until(lambda: source.bytes_in > read, 10.0, "reads going on once the UI is done")
-        finally:
-            source.stop()
+    feed = ModelFeed("fg4", 4)
+    with SyntheticJob(4, "fg4", interval_s=0.2, runtime_dir=runtime_dir), \
+            watching(resolve("fg4"), feed, token=None) as source:
+        assert feed.wait_settled(range(4), 20.0) == 4, "every rank's state"
+        with source.foreground.busy():
+            wait_until(lambda: source.foreground.waiting, 10.0, "the source's thread giving way")
+        read = source.bytes_in
+        wait_until(lambda: source.bytes_in > read, 10.0, "reads going on once the UI is done")

@@ -252,16 +252,18 @@ class JobModel:
         From an index kept up to date with the ranks that changed (the dashboard calls this
         at every redraw, for up to 32,768 ranks); equal to :meth:`_statuses_full`.
         """
-        if self._status_index is None:
-            self._status_index = StatusIndex(self)
-        return self._status_index.statuses(now)
+        return self._statuses().statuses(now)
 
     def status_words(self) -> dict[int, str]:
         """Every rank's word but for the clock (a rank heard just now: its word at any moment
         soon), caught up with the ranks that changed; read it, never change it."""
+        return self._statuses().words()
+
+    def _statuses(self) -> StatusIndex:
+        # Made at the first look: it watches the ranks that change from then on.
         if self._status_index is None:
             self._status_index = StatusIndex(self)
-        return self._status_index.words()
+        return self._status_index
 
     def _statuses_full(self, now: float) -> dict[int, str]:
         """:meth:`statuses` by one loop over every rank: the reference the index is held to."""

@@ -313,13 +313,10 @@ class RowIndex:
         built.seq_lag = max(0, leads.max_seq - built.seq) if built.seq is not None else 0
         return built
 
-    def facts(self, rank: int) -> RankFacts:
-        """What *rank*'s row was read from: folded at the last refresh, or by absorb() since."""
-        return self._facts[rank]
-
     @property
     def every_fact(self) -> dict[int, RankFacts]:
-        """Each rank's facts, as :meth:`facts` (the sort reads them; never change them)."""
+        """What each rank's row was read from: folded at the last refresh, or by absorb() since
+        (the sort reads them; never change them)."""
         return self._facts
 
     def known(self) -> list[int]:
