@@ -41,6 +41,25 @@ def ddptop_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ddptop", *args]
 
 
+def alone_on_host(argv: list[str]) -> list[str]:
+    """*argv* run in a PID namespace of its own, with its own /proc.
+
+    A viewer looks for jobs in other mount namespaces through /proc (#22), so a test that
+    asserts "no job here" would see another test's job in a private /tmp, run in parallel.
+    Its own /proc shows the command nothing but itself. Root gets the namespace directly,
+    another user through a user namespace; where neither can, the command runs as it is
+    (then no test of this suite can make such a job either: private /tmp needs root)."""
+    for prefix in (["unshare", "--pid", "--fork", "--mount-proc"],
+                   ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]):
+        try:
+            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return [*prefix, *argv]
+    return argv
+
+
 @dataclass
 class RunningJob:
     """A `ddptop launch -- torchrun ...` job started by a test."""

@@ -123,7 +123,8 @@ def test_jobs_lists_ended_jobs_with_outcomes(runtime_dir: Path) -> None:
                RankOutcome(rank=1, pid=2, status="crashed", signal="SIGSEGV", time=1.0)]))
     res = subprocess.run(ddptop_cmd("jobs", "--json"), capture_output=True, text=True, timeout=60,
                          check=False)
-    row = json.loads(res.stdout)["jobs"][0]
+    # By id: a job another test runs in a private /tmp is listed too (#22).
+    row = next(r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == "done")
     assert (row["job_id"], row["state"], row["exit_code"]) == ("done", "ended", 1)
     assert [o["status"] for o in row["outcome"]] == ["torn_down", "crashed"]
     table = subprocess.run(ddptop_cmd("jobs"), capture_output=True, text=True, timeout=60, check=False)

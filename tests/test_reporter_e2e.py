@@ -20,7 +20,7 @@ import pytest
 
 from ddptop.client.connection import RankConnection
 from ddptop.store import discovery
-from tests.jobs import JobRunner, RunningJob, ddptop_cmd
+from tests.jobs import JobRunner, RunningJob, alone_on_host, ddptop_cmd
 
 # The keys issue 2 promises in `ddptop snapshot --json` (a public interface).
 RANK_KEYS = {"rank", "local_rank", "world_size", "host", "pid", "status", "step", "epoch", "batch",
@@ -195,8 +195,8 @@ def test_eight_ranks(job_runner: JobRunner) -> None:
 def test_snapshot_without_a_job_fails_in_one_line(tmp_path: Path) -> None:
     """No job on this host: non-zero exit, a one-line reason, nothing on stdout."""
     env = dict(os.environ, DDPTOP_RUNTIME_DIR=str(tmp_path / "empty"))
-    res = subprocess.run(ddptop_cmd("snapshot", "--json"), env=env, capture_output=True, text=True,
-                         timeout=60, check=False)
+    res = subprocess.run(alone_on_host(ddptop_cmd("snapshot", "--json")), env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
     assert res.returncode != 0
     assert res.stdout == ""
     lines = res.stderr.strip().splitlines()
