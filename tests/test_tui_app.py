@@ -16,6 +16,7 @@ from ddptop.bundle.replay_source import ReplaySource
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.collector import GC_THRESHOLD_0
 from ddptop.tui.app import DdptopApp
+from ddptop.tui.event_buffer import MAX_PENDING
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
 from ddptop.tui.widgets.findings_panel import FindingsPanel
@@ -195,5 +196,27 @@ def test_replay_timeline_moves_through_a_real_recording(tmp_path: Path) -> None:
             await until(pilot, lambda: status() == "lost")
             assert app.query_one(Timeline).t >= NOW + 10
             assert "REPLAY" in str(app.query_one("#header", Static).render())
+
+    asyncio.run(go())
+
+
+def test_a_viewer_that_fell_behind_says_how_many_events_it_dropped() -> None:
+    """The event buffer keeps the newest MAX_PENDING events when the UI stalls; the header
+    then says how many were lost, since what the table shows lags the job."""
+    async def go() -> None:
+        source = mismatch_job()
+        app = DdptopApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
+            header = app.query_one("#header", Static)
+            assert "dropped" not in str(header.render())
+            assert source.emit is not None
+            news = entries([state(r, step=101) for r in range(4)])
+            # From the UI thread, without yielding: nothing is drained meanwhile (a stalled UI).
+            for i in range(MAX_PENDING + 3):
+                source.emit(news[i % 4])
+            await until(pilot, lambda: "3 events dropped" in str(header.render()))
+            assert "viewer behind" in str(header.render())
+            assert [r.step for r in app.query_one(RankTable).shown_rows] == [101] * 4  # the newest kept
 
     asyncio.run(go())

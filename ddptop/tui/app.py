@@ -160,6 +160,9 @@ class DdptopApp(ReplayActions):
     def on_events_ready(self, _message: EventsReady) -> None:
         """Fold every waiting event into the model; the timer redraws."""
         events = self._buffer.drain()
+        if self._buffer.dropped:  # the next redraw says so: what is shown lags the job
+            for header in self.query(JobHeader):  # none while the app shuts down
+                header.dropped = self._buffer.dropped
         with self.source.foreground.busy():
             for event in events:
                 self.model.apply(event)

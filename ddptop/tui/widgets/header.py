@@ -150,12 +150,14 @@ class HeaderFacts:
 
 def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = "live",
                 paused: bool = False, statuses: dict[int, str] | None = None,
-                facts: HeaderFacts | None = None, counts: Counter[str] | None = None) -> Text:
+                facts: HeaderFacts | None = None, counts: Counter[str] | None = None,
+                dropped: int = 0) -> Text:
     """The two header lines as rich Text (pure, so snapshot tests can read it).
 
     *statuses* (rank -> status word at *now*) saves recomputing them when the caller has;
     *facts* (kept on this model) saves the pass over every state, *counts* (of *statuses*'
-    words) the count of every rank's.
+    words) the count of every rank's. *dropped*: events this viewer lost because it fell
+    behind (its event buffer was full); said, since what is shown then lags the job.
     """
     start, world, hosts, backend = facts.identity() if facts is not None else identity_by_loop(model)
     uptime = now - start if start else None
@@ -171,6 +173,9 @@ def header_text(model: JobModel, now: float, worst: Finding | None, mode: str = 
         text.append(" · REPLAY", style="bold magenta")
     if paused:
         text.append(" · PAUSED", style="bold yellow")
+    if dropped:
+        text.append(f" · ⚠ viewer behind: {dropped:,} event{'s' if dropped > 1 else ''} dropped",
+                    style="bold yellow")
     text.append("\n")
     if worst is None:
         text.append(" ✓ no findings", style="green")
@@ -193,6 +198,7 @@ class JobHeader(Static):
 
     _shown: tuple[str, tuple[object, ...]] | None = None  # the text shown now
     _facts: HeaderFacts | None = None  # kept on the model shown (a replay seek brings a new one)
+    dropped = 0  # events the viewer dropped, falling behind (the app's event buffer counts them)
 
     def show(self, model: JobModel, now: float, worst: Finding | None, mode: str = "live",
              paused: bool = False, statuses: dict[int, str] | None = None,
@@ -201,7 +207,7 @@ class JobHeader(Static):
         uptime; an unchanged text is not laid out and painted again)."""
         if self._facts is None or self._facts.model is not model:
             self._facts = HeaderFacts(model)
-        text = header_text(model, now, worst, mode, paused, statuses, self._facts, counts)
+        text = header_text(model, now, worst, mode, paused, statuses, self._facts, counts, self.dropped)
         key = (text.plain, tuple(text.spans))
         if key != self._shown:
             self._shown = key
