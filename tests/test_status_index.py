@@ -11,6 +11,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddptop.digest import PulseBatch, pulse_of
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Message, RankExit, RankState, RecordEntry, StateMsg
 from ddptop.status import STALE_AFTER_S, Status
@@ -99,3 +100,48 @@ def test_header_facts_equal_the_loop(stream: list[tuple[Message, bool]]) -> None
         if read:
             assert facts.identity() == identity_by_loop(model)
     assert facts.identity() == identity_by_loop(model)
+
+
+def _ident(r: int, host: str, start: float, world: int, backend: str) -> RankState:
+    return RankState(rank=r, local_rank=r, world_size=world, host=host, pid=1, job_id="si", time=1.0,
+                     status="running", start_time=start, backend=backend)
+
+
+idents = st.builds(_ident, ranks, st.sampled_from(["a", "b", "c", ""]), st.sampled_from([0.0, 5.0, 3.0, 9.0]),
+                   st.integers(min_value=0, max_value=16), st.sampled_from(["", "nccl", "gloo"]))
+digest_steps = st.tuples(st.sampled_from(["pulse over the same detail", "pulse over a new detail", "merge",
+                                          "state"]), idents, st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(digest_steps, min_size=1, max_size=40))
+def test_header_facts_watch_details_only_and_still_equal_the_loop(
+        stream: list[tuple[str, RankState, bool]]) -> None:
+    """Through the digest lane: pulses over the detail object a view holds do not wake the
+    header (its identity is detail), pulses over a new detail, whole states, and merges made
+    by a reader (``RankView.state`` replaces the detail object) do; the identity equals the
+    pass over every state after any prefix."""
+    model = JobModel("si", 4)
+    facts = HeaderFacts(model)
+    details: dict[int, RankState] = {}  # what the digest lane last sent each rank over
+    for kind, ident, read in stream:
+        r = ident.rank
+        if kind == "merge":
+            if r in model.ranks:
+                _ = model.ranks[r].state
+            continue
+        if kind == "state":
+            model.apply(StateMsg(state=ident))
+            details.pop(r, None)
+            continue
+        if kind == "pulse over a new detail" or r not in details:
+            details[r] = ident
+        detail = details[r]
+        held = model.ranks[r].base if r in model.ranks else None
+        woken = r in facts._dirty
+        model.apply(PulseBatch(times=[2.0], details=[detail], pulses=[pulse_of(detail, 0.0)]))
+        # The point: such a pulse leaves the header asleep (a merge made since wakes it).
+        assert (r in facts._dirty) == (woken or held is not detail)
+        if read:  # the loop over a copy: its reads merge the copy's views, not these
+            assert facts.identity() == identity_by_loop(model.shared_copy())
+    assert facts.identity() == identity_by_loop(model.shared_copy())

@@ -131,17 +131,26 @@ class JobModel:
     # whose view changed, and each consumer empties its own set when it has caught up, so a
     # redraw at 32,768 ranks visits the few hundred that changed, not every rank.
     dirty_sinks: list[set[int]] = field(default_factory=list, init=False, compare=False, repr=False)
+    detail_sinks: list[set[int]] = field(default_factory=list, init=False, compare=False, repr=False)
     _status_index: StatusIndex | None = field(default=None, init=False, compare=False, repr=False)
 
-    def watch_dirty(self) -> set[int]:
-        """A new set that every later change of a rank's view adds the rank to."""
+    def watch_dirty(self, detail_only: bool = False) -> set[int]:
+        """A new set that every later change of a rank's view adds the rank to.
+
+        *detail_only*: all but a pulse over the very detail object the view holds (the digest
+        lane's usual change, 32,768 a second at 32,768 ranks): for a reader of detail fields
+        only (the header's identity), which such a pulse cannot change. A view whose detail
+        was replaced by a merge (``RankView.state``) is added at its next pulse: more, never less.
+        """
         sink: set[int] = set()
-        self.dirty_sinks.append(sink)
+        (self.detail_sinks if detail_only else self.dirty_sinks).append(sink)
         return sink
 
     def _changed(self, view: RankView) -> None:
         view.version += 1
         for sink in self.dirty_sinks:
+            sink.add(view.rank)
+        for sink in self.detail_sinks:
             sink.add(view.rank)
 
     def view(self, rank: int) -> RankView:
@@ -214,7 +223,7 @@ class JobModel:
     def _apply_pulses(self, batch: PulseBatch) -> None:
         """A digest's pulses: what a StateMsg of each does, but the state is merged when read.
         A pulse's detail is a running state (final ones come whole), so the connection is up."""
-        views, sinks = self.ranks, self.dirty_sinks
+        views, sinks, detail_sinks = self.ranks, self.dirty_sinks, self.detail_sinks
         latest = self.last_time
         for t, detail, pulse in zip(batch.times, batch.details, batch.pulses, strict=True):
             view = views.get(pulse.rank)
@@ -225,6 +234,9 @@ class JobModel:
             view.version += 1
             for sink in sinks:
                 sink.add(pulse.rank)
+            if view.base is not detail:
+                for sink in detail_sinks:
+                    sink.add(pulse.rank)
             view.base, view.pulse, view.received_at = detail, pulse, t
             if view.connection != LOST:
                 view.connection = CONNECTED

@@ -68,7 +68,7 @@ class HeaderFacts:
 
     def __init__(self, model: JobModel) -> None:
         self.model = model
-        self._dirty = model.watch_dirty()
+        self._dirty = model.watch_dirty(detail_only=True)  # identity is detail: pulses pass by
         self._dirty.update(model.ranks)
         self._seen: set[int] = set()
         self._read: dict[int, object] = {}  # the state object each rank's identity was read from
