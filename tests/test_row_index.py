@@ -20,7 +20,8 @@ from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, StateMsg
 from ddptop.testing.synthetic_ranks import FakeRanks
 from ddptop.tui.app import DdptopApp
-from ddptop.tui.row_index import RowIndex, RowSequence
+from ddptop.tui.row_index import RowIndex
+from ddptop.tui.row_sequence import RowSequence
 from ddptop.tui.rows import _SORT_KEYS, GroupRow, RankRow, build_rows, sort_rows
 from ddptop.tui.widgets.rank_table import RankTable
 from tests.probes_tui.fakes import NOW, state
@@ -178,31 +179,48 @@ def _range(values: list[int | None]) -> tuple[int | None, int | None]:
     return (min(present), max(present)) if present else (None, None)
 
 
-@settings(max_examples=60, deadline=None)
-@given(streams, st.sampled_from(["odd", "node", "status", "collective"]))
-def test_group_rows_sum_their_members_rows(stream: list[tuple[Event, bool]], view: str) -> None:
-    """A group row's counts and ranges, summed only when painted, are those of its members' rows."""
+def _groups_sum_their_members(shown: list[RankRow | GroupRow], rows: dict[int, RankRow]) -> None:
+    for group in (g for g in shown if isinstance(g, GroupRow)):
+        members = [rows[r] for r in group.ranks]
+        assert group.status_counts == dict(Counter(r.status for r in members)), group
+        assert (group.step_lo, group.step_hi) == _range([r.step for r in members]), group
+        assert (group.seq_lo, group.seq_hi) == _range([r.seq for r in members]), group
+        waiting = [r for r in members if r.pending_seq is not None]
+        if group.pending:
+            lo, hi = _range([r.pending_seq for r in waiting])
+            assert len(waiting) == len(members), group
+            assert group.pending.endswith(f"#{lo}" if lo == hi else f"#{lo}-{hi}"), group
+            assert group.oldest_wait_s == max(r.pending_age_s or 0.0 for r in waiting), group
+        marks = [m for r in sorted(members, key=lambda r: r.rank) for m in r.marks]
+        assert group.marks == list(dict.fromkeys(marks)), group
+
+
+GROUP_VIEWS = ("odd", "node", "status", "collective")
+
+
+@settings(max_examples=80, deadline=None)
+@given(streams, st.lists(st.sampled_from(["absorb"] * 6 + ["nothing"] * 4 + [*GROUP_VIEWS, "ranks"]),
+                         min_size=60, max_size=60))
+def test_group_rows_sum_their_members_rows(stream: list[tuple[Event, bool]], doings: list[str]) -> None:
+    """A group row's counts and ranges are those of its members' rows: the ranges kept from the
+    ranks as they fold (absorb() between refreshes, as the app does), in whichever view is shown
+    (switching views counts the new kind from scratch)."""
     model = JobModel()
-    index = RowIndex(model, view=view)
-    for event, read in stream:
+    index = RowIndex(model, view="odd")
+    for (event, read), doing in zip(stream, doings, strict=False):
         model.apply(event)
-        if not read:
-            continue
-        shown = list(index.refresh(NOW))
-        rows = {r.rank: r for r in build_rows(model, NOW)}
-        for group in (g for g in shown if isinstance(g, GroupRow)):
-            members = [rows[r] for r in group.ranks]
-            assert group.status_counts == dict(Counter(r.status for r in members)), group
-            assert (group.step_lo, group.step_hi) == _range([r.step for r in members]), group
-            assert (group.seq_lo, group.seq_hi) == _range([r.seq for r in members]), group
-            waiting = [r for r in members if r.pending_seq is not None]
-            if group.pending:
-                lo, hi = _range([r.pending_seq for r in waiting])
-                assert len(waiting) == len(members), group
-                assert group.pending.endswith(f"#{lo}" if lo == hi else f"#{lo}-{hi}"), group
-                assert group.oldest_wait_s == max(r.pending_age_s or 0.0 for r in waiting), group
-            marks = [m for r in sorted(members, key=lambda r: r.rank) for m in r.marks]
-            assert group.marks == list(dict.fromkeys(marks)), group
+        if doing == "absorb":
+            index.absorb()
+        elif doing != "nothing":
+            index.view = doing
+        if read:
+            shown = list(index.refresh(NOW))
+            _groups_sum_their_members(shown, {r.rank: r for r in build_rows(model, NOW)})
+    index.absorb()
+    for view in GROUP_VIEWS:
+        index.view = view
+        shown = list(index.refresh(NOW + 10.0))
+        _groups_sum_their_members(shown, {r.rank: r for r in build_rows(model, NOW + 10.0)})
 
 
 def test_odd_rank_first_and_groups_expand() -> None:
@@ -300,3 +318,55 @@ def test_rows_from_pulses_not_merged_equal_rows_from_whole_states(scenario: str,
         assert any(v.pulse is not None for v in lane.ranks.values())
         assert _rows(index, now) == build_rows(whole, now), tick
         _same_order(index, index.refresh(now))
+
+
+@pytest.mark.parametrize("scenario", ["healthy", "hang", "desync", "silent"])
+def test_group_rows_from_pulses_sum_their_members_rows(scenario: str) -> None:
+    """Through the digest lane (a rank's usual change is a pulse over the same detail: the
+    row index's shortest path), absorbed as the app does, views switched tick by tick: every
+    group row's ranges equal its members' rows from whole states."""
+    t0 = NOW - 20.0
+    fake = FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0)
+    builders = [DigestBuilder(f"node-{n}") for n in range(fake.n_nodes)]
+    views = [DigestView() for _ in builders]
+    lane, whole = JobModel(), JobModel()
+    index = RowIndex(lane, view="odd")
+    for n, builder in enumerate(builders):
+        catch_up = [RecordEntry(time=t0, rank=r, message=StateMsg(state=fake.state(r, 0)))
+                    for r in fake.node_ranks(n)]
+        builder.seed(catch_up)
+        for entry in catch_up:
+            views[n].whole(entry)
+            lane.apply(entry)
+            whole.apply(entry)
+    for tick in range(1, 13):
+        now = t0 + tick
+        # Three ticks a view: ranges kept from the ranks that moved, then counted anew.
+        index.view = GROUP_VIEWS[tick // 3 % len(GROUP_VIEWS)]
+        for n, builder in enumerate(builders):
+            for r in fake.node_ranks(n):
+                if fake.heard_tick(r, tick) == tick:
+                    entry = RecordEntry(time=now, rank=r, message=StateMsg(state=fake.state(r, tick)))
+                    whole.apply(entry)
+                    builder.add(entry)
+            events, _ = views[n].expand(builder.flush(now), 0.0)
+            for event in events:
+                lane.apply(event)
+            index.absorb()
+        shown = list(index.refresh(now))
+        assert any(isinstance(g, GroupRow) for g in shown)
+        _groups_sum_their_members(shown, {r.rank: r for r in build_rows(whole, now)})
+
+
+def test_the_odd_views_rest_group_leaves_its_odd_ranks_out_of_its_ranges() -> None:
+    """An odd rank listed on its own (here its loader's length differs) shares the rest group's
+    key (same status, same collective) but not its row: the group's step range is the others'."""
+    model = JobModel()
+    for r in range(40):
+        model.apply(RecordEntry(time=NOW, rank=r, message=StateMsg(state=state(
+            r, step=50 if r == 17 else 100, bpe=57 if r == 17 else 64, world=40))))
+    index = RowIndex(model, view="odd")
+    shown = list(index.refresh(NOW))
+    assert isinstance(shown[0], RankRow) and shown[0].rank == 17
+    rest = shown[1]
+    assert isinstance(rest, GroupRow) and rest.count == 39 and (rest.step_lo, rest.step_hi) == (100, 100)

@@ -15,10 +15,8 @@ expands it in place.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from typing import cast, overload
+from typing import cast
 
 from ddptop.diagnosis.desync import (
     BAD_STATUS,
@@ -29,9 +27,10 @@ from ddptop.diagnosis.desync import (
 )
 from ddptop.model.job import JobModel
 from ddptop.status import Status
+from ddptop.tui.group_ranges import GroupRanges
 from ddptop.tui.index_upkeep import count, flag, majority, move, recount, set_value
+from ddptop.tui.row_sequence import RowSequence
 from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
-from ddptop.tui.sort_index import sorted_ranks
 from ddptop.tui.view_facts import facts_of_view, pulse_facts
 
 GROUP_FROM_RANKS = 1024  # at or below, every rank has its row (RowBuilder, as always)
@@ -42,58 +41,6 @@ _UNKNOWN = ("unknown",)
 # Odd ranks worst first: gone or failed, then silent, then disagreeing with their peers.
 _WORST: dict[str, int] = {Status.LOST: 0, Status.CRASHED: 0, Status.TERMINATED: 0, Status.TORN_DOWN: 1,
                           Status.STALE: 2}
-
-Shown = RankRow | GroupRow
-
-
-class RowSequence(Sequence[Shown]):
-    """The table's rows of one redraw, built on demand (the table paints ~50 of 32,768)."""
-
-    def __init__(self, index: RowIndex, entries: Sequence[int | GroupRow], by_rank: bool) -> None:
-        self._index = index
-        self._entries = entries
-        self._by_rank = by_rank  # entries are rank ids in ascending order
-        self._groups = {(g.kind, *g.key): i for i, g in enumerate(entries) if isinstance(g, GroupRow)}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @overload
-    def __getitem__(self, i: int) -> Shown: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Shown]: ...
-    def __getitem__(self, i: int | slice) -> Shown | list[Shown]:
-        if isinstance(i, slice):
-            return [self._shown(e) for e in self._entries[i]]
-        return self._shown(self._entries[i])
-
-    def __iter__(self) -> Iterator[Shown]:
-        return (self._shown(e) for e in self._entries)
-
-    def _shown(self, entry: int | GroupRow) -> Shown:
-        if isinstance(entry, GroupRow):
-            return self._index.filled(entry)
-        return self._index.row(entry)
-
-    def index_of(self, rank: int) -> int | None:
-        """Where *rank*'s own row is (None when it is inside a folded group)."""
-        entries = self._entries
-        if self._by_rank:
-            i = bisect_left(entries, rank)  # type: ignore[type-var]  # ints only in this view
-            return i if i < len(entries) and entries[i] == rank else None
-        try:
-            return list.index(entries, rank)  # type: ignore[arg-type]  # C-level; groups compare by identity
-        except ValueError:
-            return None
-
-    def sorted(self, key: str, reverse: bool) -> RowSequence:
-        """Every rank's row ordered by column *key* as ``sort_rows`` orders them (built when painted)."""
-        return RowSequence(self._index, sorted_ranks(self._index, self._index.known(), key, reverse), False)
-
-    def index_of_group(self, key: tuple[str, ...]) -> int | None:
-        """Where the group row ``(kind, *key)`` is."""
-        return self._groups.get(key)
-
 
 class RowIndex:
     """Facts, leads, odd ranks and groups of one model, kept from its dirty ranks."""
@@ -124,6 +71,7 @@ class RowIndex:
         self._bad: set[int] = set()
         self._keys: dict[int, tuple[tuple[str, ...], ...]] = {}  # per kind of _KINDS
         self._groups: dict[str, dict[tuple[str, ...], set[int]]] = {k: {} for k in _KINDS}
+        self._ranges: GroupRanges | None = None  # of the groups of the kind on screen
         self._memo: dict[int, tuple[int, str, RankFacts, RankRow]] = {}
         self._detail: dict[int, object] = {}  # the state object each rank's facts were read over
         self._absorbed: set[int] = set()  # folded by absorb() since the last refresh
@@ -167,7 +115,7 @@ class RowIndex:
 
     def _fold_ranks(self, changed: set[int], statuses: dict[int, str]) -> None:
         views, facts, detail = self.model.ranks, self._facts, self._detail
-        seq_of, step_of = self._seq, self._step
+        seq_of, step_of, ranges = self._seq, self._step, self._ranges
         for rank in changed:
             status, view, old = statuses[rank], views[rank], facts.get(rank)
             # The usual change at scale: a pulse over the detail the last facts came from.
@@ -178,6 +126,8 @@ class RowIndex:
                 continue
             facts[rank] = f
             step_of[rank] = f.step
+            if ranges is not None:  # same detail, word and op: the rank's groups are the same
+                ranges.moved(self._keys[rank][ranges.slot], old.step, f.step, old.seq, f.seq)
             if f.seq != old.seq:
                 set_value(seq_of, rank, f.seq)
             if f.seq_stuck != old.seq_stuck:
@@ -191,6 +141,7 @@ class RowIndex:
         st = view.base  # host is a detail field: no merge of a waiting pulse
         f = facts_of_view(view, status)
         old = self._facts.get(rank)
+        values_before = (self._keys.get(rank), self._step.get(rank), self._seq.get(rank))
         self._facts[rank] = f
         if f.has_state:
             self._step[rank] = f.step
@@ -236,6 +187,20 @@ class RowIndex:
                         if not members:
                             del groups[prev]
                     groups.setdefault(new, set()).add(rank)
+        if self._ranges is not None:
+            self._range(rank, *values_before)
+
+    def _range(self, rank: int, keys: tuple[tuple[str, ...], ...] | None, step: int | None,
+               seq: int | None) -> None:
+        # The rank's group and values on screen, from those it had before its fold.
+        ranges = cast("GroupRanges", self._ranges)
+        key = self._keys[rank][ranges.slot]
+        if keys is not None and keys[ranges.slot] == key:
+            ranges.moved(key, step, self._step.get(rank), seq, self._seq.get(rank))
+            return
+        if keys is not None:
+            ranges.remove(keys[ranges.slot], step, seq)
+        ranges.add(key, self._step.get(rank), self._seq.get(rank))
 
     def _candidates(self, leads: JobLeads) -> set[int]:
         """A superset of the ranks with a mark (each is then checked with ``marks_of``)."""
@@ -279,6 +244,9 @@ class RowIndex:
             kind = self.view
             # Copies: absorb() moves ranks between the live sets before the rows are painted.
             groups = {k: set(m) for k, m in self._groups[kind].items()}
+        if self._ranges is None or self._ranges.kind != kind:
+            self._ranges = GroupRanges(kind, _KINDS.index(kind))
+            self._ranges.count_all(self._keys, self._step, self._seq)
         # Nodes by name; statuses and collectives biggest first.
         by_size = kind != "node"
         order = sorted(groups.items(), key=lambda i: (-len(i[1]) if by_size else 0, i[0]))
@@ -342,13 +310,22 @@ class RowIndex:
             group.status_counts = {group.key[0]: len(members)}  # one status by construction
         else:  # the members' words of the refresh that made the group
             group.status_counts = dict(Counter(map(self.statuses.__getitem__, members)))
-        steps = _values_of(self._step, members)
-        if steps:
-            group.step_lo, group.step_hi = min(steps), max(steps)
-        seqs = _values_of(self._seq, members)
-        if seqs:
-            group.seq_lo, group.seq_hi = min(seqs), max(seqs)
         key = group.key
+        ranges = self._ranges
+        if ranges is not None and ranges.kind == group.kind:
+            # Kept as ranks fold: the group's members now (absorb() may have moved a few since
+            # the refresh that made the row), the odd view's odd ranks taken out.
+            keys, slot = self._keys, ranges.slot
+            apart = [(self._step.get(r), self._seq.get(r)) for r in self.odd
+                     if group.kind == "rest" and keys[r][slot] == key]
+            (group.step_lo, group.step_hi), (group.seq_lo, group.seq_hi) = ranges.ranges(key, apart)
+        else:
+            steps = _values_of(self._step, members)
+            if steps:
+                group.step_lo, group.step_hi = min(steps), max(steps)
+            seqs = _values_of(self._seq, members)
+            if seqs:
+                group.seq_lo, group.seq_hi = min(seqs), max(seqs)
         if group.kind in ("collective", "rest") and key[-1] != COMPUTING:
             # Every member waited in this op at the refresh ((seq, op) pairs order by seq);
             # absorb() may have seen some leave it since.

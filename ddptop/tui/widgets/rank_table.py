@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ddptop.tui.row_index import RowSequence
+from ddptop.tui.row_sequence import RowSequence
 from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, GroupRow, RankRow, cells, filter_rows, group_line, sort_rows
 
 _LINE_WIDTH = sum(c.width for c in COLUMNS) + len(COLUMNS) + 1
