@@ -13,15 +13,15 @@ Only the kind on screen is kept (``odd`` shows the ``rest`` groups; ``node``, ``
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 
 GroupKey = tuple[str, ...]
 Range = tuple[int | None, int | None]
 
 
-def _shift(counts: Counter[int], before: int | None, after: int | None) -> None:
-    # One rank's value moved within a group; None is "no value" (never counted).
+def _shift(counts: dict[int, int], before: int | None, after: int | None) -> None:
+    # One rank's value moved within a group; None is "no value" (never counted). Plain dicts
+    # and dict.get: a Counter's missing key costs a Python call, at 32,768 folds a second.
     if before == after:
         return
     if before is not None:
@@ -31,10 +31,10 @@ def _shift(counts: Counter[int], before: int | None, after: int | None) -> None:
         else:
             del counts[before]
     if after is not None:
-        counts[after] += 1
+        counts[after] = counts.get(after, 0) + 1
 
 
-def _extremes(counts: Counter[int]) -> Range:
+def _extremes(counts: dict[int, int]) -> Range:
     return (min(counts), max(counts)) if counts else (None, None)
 
 
@@ -44,8 +44,8 @@ class GroupRanges:
     def __init__(self, kind: str, slot: int) -> None:
         self.kind = kind
         self.slot = slot  # where the kind's key sits in a rank's keys tuple
-        self._steps: dict[GroupKey, Counter[int]] = {}
-        self._seqs: dict[GroupKey, Counter[int]] = {}
+        self._steps: dict[GroupKey, dict[int, int]] = {}
+        self._seqs: dict[GroupKey, dict[int, int]] = {}
 
     def count_all(self, keys: dict[int, tuple[GroupKey, ...]], steps: dict[int, int],
                   seqs: dict[int, int]) -> None:
@@ -58,9 +58,9 @@ class GroupRanges:
     def add(self, key: GroupKey, step: int | None, seq: int | None) -> None:
         """A rank joined group *key* with these values."""
         if step is not None:
-            self._steps.setdefault(key, Counter())[step] += 1
+            _shift(self._steps.setdefault(key, {}), None, step)
         if seq is not None:
-            self._seqs.setdefault(key, Counter())[seq] += 1
+            _shift(self._seqs.setdefault(key, {}), None, seq)
 
     def remove(self, key: GroupKey, step: int | None, seq: int | None) -> None:
         """A rank left group *key*, where it had these values."""
@@ -78,23 +78,35 @@ class GroupRanges:
             if step_before is None or step is None:
                 self.remove(key, step_before, None)
                 self.add(key, step, None)
-            else:
-                _shift(self._steps[key], step_before, step)
+            else:  # inline: the row index calls this for every rank that folds
+                counts = self._steps[key]
+                left = counts[step_before] - 1
+                if left:
+                    counts[step_before] = left
+                else:
+                    del counts[step_before]
+                counts[step] = counts.get(step, 0) + 1
         if seq_before != seq:
             if seq_before is None or seq is None:
                 self.remove(key, None, seq_before)
                 self.add(key, None, seq)
             else:
-                _shift(self._seqs[key], seq_before, seq)
+                counts = self._seqs[key]
+                left = counts[seq_before] - 1
+                if left:
+                    counts[seq_before] = left
+                else:
+                    del counts[seq_before]
+                counts[seq] = counts.get(seq, 0) + 1
 
     def ranges(self, key: GroupKey,
                without: Iterable[tuple[int | None, int | None]] = ()) -> tuple[Range, Range]:
         """Group *key*'s (step lo, hi) and (seq lo, hi), its members' values *without* some
         (the odd ranks the odd view lists apart) taken out first."""
-        steps, seqs = self._steps.get(key, Counter()), self._seqs.get(key, Counter())
+        steps, seqs = self._steps.get(key, {}), self._seqs.get(key, {})
         taken = list(without)
         if taken:
-            steps, seqs = Counter(steps), Counter(seqs)
+            steps, seqs = dict(steps), dict(seqs)
             for step, seq in taken:
                 _shift(steps, step, None)
                 _shift(seqs, seq, None)
