@@ -72,6 +72,7 @@ class RowIndex:
         self._keys: dict[int, tuple[tuple[str, ...], ...]] = {}  # per kind of _KINDS
         self._groups: dict[str, dict[tuple[str, ...], set[int]]] = {k: {} for k in _KINDS}
         self._ranges: GroupRanges | None = None  # of the groups of the kind on screen
+        self._odd_by_key: dict[tuple[str, ...], list[tuple[int | None, int | None]]] | None = None
         self._memo: dict[int, tuple[int, str, RankFacts, RankRow]] = {}
         self._detail: dict[int, object] = {}  # the state object each rank's facts were read over
         self._absorbed: set[int] = set()  # folded by absorb() since the last refresh
@@ -101,6 +102,7 @@ class RowIndex:
         marks = {r: m for r in self._candidates(leads) if (m := marks_of(facts[r], leads))}
         self.marks = marks
         self.odd = sorted(marks, key=lambda r: (_worst(statuses[r], marks[r]), r))
+        self._odd_by_key = None
         return self._sequence()
 
     def absorb(self) -> None:
@@ -315,9 +317,7 @@ class RowIndex:
         if ranges is not None and ranges.kind == group.kind:
             # Kept as ranks fold: the group's members now (absorb() may have moved a few since
             # the refresh that made the row), the odd view's odd ranks taken out.
-            keys, slot = self._keys, ranges.slot
-            apart = [(self._step.get(r), self._seq.get(r)) for r in self.odd
-                     if group.kind == "rest" and keys[r][slot] == key]
+            apart = self._odd_values(ranges.slot).get(key, []) if group.kind == "rest" else []
             (group.step_lo, group.step_hi), (group.seq_lo, group.seq_hi) = ranges.ranges(key, apart)
         else:
             steps = _values_of(self._step, members)
@@ -338,6 +338,17 @@ class RowIndex:
         marked = self.marks.keys() & members
         group.marks = list(dict.fromkeys(m for r in sorted(marked) for m in self.marks[r]))
         return group
+
+    def _odd_values(self, slot: int) -> dict[tuple[str, ...], list[tuple[int | None, int | None]]]:
+        # The odd ranks' (step, seq) by their group key: one pass over them per refresh, not
+        # one per group painted (a desync can mark thousands).
+        if self._odd_by_key is None:
+            keys = self._keys
+            by_key: dict[tuple[str, ...], list[tuple[int | None, int | None]]] = {}
+            for r in self.odd:
+                by_key.setdefault(keys[r][slot], []).append((self._step.get(r), self._seq.get(r)))
+            self._odd_by_key = by_key
+        return self._odd_by_key
 
     def cycle(self) -> str:
         """The next view of :data:`VIEWS`; returns its name."""
