@@ -1,6 +1,7 @@
 """The viewer's garbage-collector policy, A/B: each measurement in a fresh process, alternated.
 
-Run: ``.venv/bin/python bench/collector_ab.py [--ranks 32768] [--pairs 3] [--against TREE]``.
+Run: ``.venv/bin/python bench/collector_ab.py [--ranks 32768] [--pairs 3] [--against TREE]
+[--lane digest|agent]``.
 
 ``--against TREE`` compares two versions of the viewer instead, both with the current policy:
 this checkout's against the one in TREE (say ``git worktree add /tmp/old 8c13cc6``), each run a
@@ -39,8 +40,8 @@ import tui_scale as B
 from ddptop.testing.synthetic import ensure_fd_limit
 n, old = {n}, {old}
 ensure_fd_limit(n // 8 + 512)
-out = B.measure_ingest({job!r}, n, 2.0, True, old)
-out.update(asyncio.run(B._tui({job!r}, n, {presses}, True, old)))
+out = B.measure_ingest({job!r}, n, 2.0, {digest}, old)
+out.update(asyncio.run(B._tui({job!r}, n, {presses}, {digest}, old)))
 print(json.dumps(out))
 """
 _SHOWN = [("attach_s", "attach s"), ("attach_cpu_s", "attach CPU s"), ("release_s", "freeze s"),
@@ -49,10 +50,11 @@ _SHOWN = [("attach_s", "attach s"), ("attach_cpu_s", "attach CPU s"), ("release_
           ("ui_ms_per_s", "UI CPU ms/s")]
 
 
-def measure(job_id: str, n: int, old: bool, presses: int, root: Path = _ROOT) -> dict[str, float]:
+def measure(job_id: str, n: int, old: bool, presses: int, root: Path = _ROOT,
+            digest: bool = True) -> dict[str, float]:
     """One viewer process (ddptop imported from *root*): attach, then the dashboard; its figures."""
     code = _CHILD.format(root=str(root), bench=str(root / "bench"), n=n, old=old, job=job_id,
-                         presses=presses)
+                         presses=presses, digest=digest)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                           check=False, cwd=root)
     if done.returncode != 0:
@@ -73,6 +75,8 @@ def main() -> int:
     parser.add_argument("--presses", type=int, default=40)
     parser.add_argument("--against", type=Path, default=None,
                         help="another checkout's viewer as B (both with the current policy)")
+    parser.add_argument("--lane", choices=("digest", "agent"), default="digest",
+                        help="the agents' digest lane, or their stream of whole states")
     args = parser.parse_args()
     if args.against is not None and not (args.against / "ddptop" / "tui" / "app.py").is_file():
         parser.error(f"{args.against} is not a ddptop checkout")
@@ -88,12 +92,14 @@ def main() -> int:
             for policy in ways if i % 2 == 0 else ways[::-1]:
                 began = time.monotonic()
                 root = args.against if policy == "that" else _ROOT
-                runs[policy].append(measure(job_id, args.ranks, policy == "old", args.presses, root))
+                runs[policy].append(measure(job_id, args.ranks, policy == "old", args.presses, root,
+                                            args.lane == "digest"))
                 took = time.monotonic() - began
                 print(f"  {policy} run {len(runs[policy])}: {took:.0f} s", file=sys.stderr)
     finally:
         gen.stop()
-    print(f"{args.ranks} ranks, digest lane, {args.pairs} runs per policy, fresh process each, alternated")
+    print(f"{args.ranks} ranks, {args.lane} lane, {args.pairs} runs per policy, fresh process each, "
+          "alternated")
     print(f"{'policy':>6} " + " ".join(f"{label:>12}" for _, label in _SHOWN) + "   (median; each run)")
     for policy, got in runs.items():
         cells = [statistics.median(r.get(key, float("nan")) for r in got) for key, _ in _SHOWN]
