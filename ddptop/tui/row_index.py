@@ -143,7 +143,6 @@ class RowIndex:
         st = view.base  # host is a detail field: no merge of a waiting pulse
         f = facts_of_view(view, status)
         old = self._facts.get(rank)
-        values_before = (self._keys.get(rank), self._step.get(rank), self._seq.get(rank))
         self._facts[rank] = f
         if f.has_state:
             self._step[rank] = f.step
@@ -189,20 +188,17 @@ class RowIndex:
                         if not members:
                             del groups[prev]
                     groups.setdefault(new, set()).add(rank)
-        if self._ranges is not None:
-            self._range(rank, *values_before)
-
-    def _range(self, rank: int, keys: tuple[tuple[str, ...], ...] | None, step: int | None,
-               seq: int | None) -> None:
-        # The rank's group and values on screen, from those it had before its fold.
-        ranges = cast("GroupRanges", self._ranges)
-        key = self._keys[rank][ranges.slot]
-        if keys is not None and keys[ranges.slot] == key:
-            ranges.moved(key, step, self._step.get(rank), seq, self._seq.get(rank))
-            return
-        if keys is not None:
-            ranges.remove(keys[ranges.slot], step, seq)
-        ranges.add(key, self._step.get(rank), self._seq.get(rank))
+        ranges = self._ranges
+        if ranges is not None:  # _step and _seq hold the facts' step (with a state) and seq
+            slot = ranges.slot
+            step = f.step if f.has_state else None
+            if old is None or before_keys is None:
+                ranges.add(keys[slot], step, f.seq)
+            elif before_keys[slot] == keys[slot]:
+                ranges.moved(keys[slot], old.step if old.has_state else None, step, old.seq, f.seq)
+            else:
+                ranges.remove(before_keys[slot], old.step if old.has_state else None, old.seq)
+                ranges.add(keys[slot], step, f.seq)
 
     def _candidates(self, leads: JobLeads) -> set[int]:
         """A superset of the ranks with a mark (each is then checked with ``marks_of``)."""
