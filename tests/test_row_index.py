@@ -283,79 +283,75 @@ def test_app_at_2048_ranks_odd_first_views_cycle_and_groups_expand() -> None:
     asyncio.run(go())
 
 
+class _DigestLane:
+    """Synthetic ranks through real node digests (DigestBuilder -> DigestView) into one model,
+    and the same states whole into another: the reference."""
+
+    def __init__(self, fake: FakeRanks, t0: float) -> None:
+        self.fake = fake
+        self.builders = [DigestBuilder(f"node-{n}") for n in range(fake.n_nodes)]
+        self.views = [DigestView() for _ in self.builders]
+        self.lane, self.whole = JobModel(), JobModel()
+        for n, builder in enumerate(self.builders):
+            catch_up = [RecordEntry(time=t0, rank=r, message=StateMsg(state=fake.state(r, 0)))
+                        for r in fake.node_ranks(n)]
+            builder.seed(catch_up)
+            for entry in catch_up:
+                self.views[n].whole(entry)
+                self.lane.apply(entry)
+                self.whole.apply(entry)
+
+    def node_tick(self, n: int, tick: int, now: float) -> None:
+        """Node *n*'s states of *tick* (its silent ranks send none): whole into the reference,
+        through its digest into the lane."""
+        builder = self.builders[n]
+        for r in self.fake.node_ranks(n):
+            if self.fake.heard_tick(r, tick) != tick:
+                continue  # silent: no state this tick
+            entry = RecordEntry(time=now, rank=r, message=StateMsg(state=self.fake.state(r, tick)))
+            self.whole.apply(entry)
+            assert not builder.add(entry)
+        events, repair = self.views[n].expand(builder.flush(now), 0.0)
+        assert repair == []
+        for event in events:
+            self.lane.apply(event)
+
+
 @pytest.mark.parametrize(("scenario", "gpu"), [("healthy", True), ("hang", False), ("desync", True),
                                               ("silent", False)])
 def test_rows_from_pulses_not_merged_equal_rows_from_whole_states(scenario: str, gpu: bool) -> None:
     """The digest lane's model keeps pulses unmerged (JobModel, PulseBatch) and the index reads
     them as they are: its rows equal build_rows over a model fed the same states whole."""
     t0 = NOW - 20.0
-    fake = FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0, fake_gpu=gpu)
-    builders = [DigestBuilder(f"node-{n}") for n in range(fake.n_nodes)]
-    views = [DigestView() for _ in builders]
-    lane, whole = JobModel(), JobModel()
-    index = RowIndex(lane, view="ranks")
-    for n, builder in enumerate(builders):
-        catch_up = [RecordEntry(time=t0, rank=r, message=StateMsg(state=fake.state(r, 0)))
-                    for r in fake.node_ranks(n)]
-        builder.seed(catch_up)
-        for entry in catch_up:
-            views[n].whole(entry)
-            lane.apply(entry)
-            whole.apply(entry)
+    digest = _DigestLane(FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0, fake_gpu=gpu), t0)
+    index = RowIndex(digest.lane, view="ranks")
     for tick in range(1, 9):
         now = t0 + tick
-        for n, builder in enumerate(builders):
-            for r in fake.node_ranks(n):
-                if fake.heard_tick(r, tick) != tick:
-                    continue  # silent: no state this tick
-                entry = RecordEntry(time=now, rank=r, message=StateMsg(state=fake.state(r, tick)))
-                whole.apply(entry)
-                assert not builder.add(entry)
-            events, repair = views[n].expand(builder.flush(now), 0.0)
-            assert repair == []
-            for event in events:
-                lane.apply(event)
-        assert any(v.pulse is not None for v in lane.ranks.values())
-        assert _rows(index, now) == build_rows(whole, now), tick
+        for n in range(digest.fake.n_nodes):
+            digest.node_tick(n, tick, now)
+        assert any(v.pulse is not None for v in digest.lane.ranks.values())
+        assert _rows(index, now) == build_rows(digest.whole, now), tick
         _same_order(index, index.refresh(now))
 
 
 @pytest.mark.parametrize("scenario", ["healthy", "hang", "desync", "silent"])
 def test_group_rows_from_pulses_sum_their_members_rows(scenario: str) -> None:
     """Through the digest lane (a rank's usual change is a pulse over the same detail: the
-    row index's shortest path), absorbed as the app does, views switched tick by tick: every
+    row index's shortest path), absorbed as the app does, views switched every three ticks: every
     group row's ranges equal its members' rows from whole states."""
     t0 = NOW - 20.0
-    fake = FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0)
-    builders = [DigestBuilder(f"node-{n}") for n in range(fake.n_nodes)]
-    views = [DigestView() for _ in builders]
-    lane, whole = JobModel(), JobModel()
-    index = RowIndex(lane, view="odd")
-    for n, builder in enumerate(builders):
-        catch_up = [RecordEntry(time=t0, rank=r, message=StateMsg(state=fake.state(r, 0)))
-                    for r in fake.node_ranks(n)]
-        builder.seed(catch_up)
-        for entry in catch_up:
-            views[n].whole(entry)
-            lane.apply(entry)
-            whole.apply(entry)
+    digest = _DigestLane(FakeRanks(64, "j", scenario, 1.0, t0, desync_after_s=3.0), t0)
+    index = RowIndex(digest.lane, view="odd")
     for tick in range(1, 13):
         now = t0 + tick
         # Three ticks a view: ranges kept from the ranks that moved, then counted anew.
         index.view = GROUP_VIEWS[tick // 3 % len(GROUP_VIEWS)]
-        for n, builder in enumerate(builders):
-            for r in fake.node_ranks(n):
-                if fake.heard_tick(r, tick) == tick:
-                    entry = RecordEntry(time=now, rank=r, message=StateMsg(state=fake.state(r, tick)))
-                    whole.apply(entry)
-                    builder.add(entry)
-            events, _ = views[n].expand(builder.flush(now), 0.0)
-            for event in events:
-                lane.apply(event)
+        for n in range(digest.fake.n_nodes):
+            digest.node_tick(n, tick, now)
             index.absorb()
         shown = list(index.refresh(now))
         assert any(isinstance(g, GroupRow) for g in shown)
-        _groups_sum_their_members(shown, {r.rank: r for r in build_rows(whole, now)})
+        _groups_sum_their_members(shown, {r.rank: r for r in build_rows(digest.whole, now)})
 
 
 def test_the_odd_views_rest_group_leaves_its_odd_ranks_out_of_its_ranges() -> None:

