@@ -29,13 +29,39 @@ PulseSink = Callable[[PulseBatch], None]
 GIVE_WAY_MAX_S = 0.25
 
 
+class GiveWay:
+    """One thread's way of giving way to a busy UI: its own free pass and its own count (the
+    live source's thread and the background diagnosis each hold one)."""
+
+    def __init__(self, free: threading.Event, max_wait_s: float) -> None:
+        self._free = free
+        self._max_wait_s = max_wait_s
+        self._pass_until = 0.0  # after a wait the UI outlasted: go on freely until then
+        self.waiting = False  # this thread is giving way now
+        self.gave_way_s = 0.0  # how long this thread waited in all (what a test reads)
+
+    def __call__(self) -> None:
+        """Wait while the UI is busy, at most *max_wait_s*."""
+        if not self._free.is_set() and time.monotonic() >= self._pass_until:
+            began = time.monotonic()
+            self.waiting = True
+            if not self._free.wait(self._max_wait_s):
+                # The UI stayed busy throughout: go on as long without waiting, so that a UI
+                # busy without end halves this thread's pace at worst, never stops it.
+                self._pass_until = time.monotonic() + self._max_wait_s
+            self.waiting = False
+            self.gave_way_s += time.monotonic() - began
+
+
 class Foreground:
-    """The moments a viewer's UI thread works for a person: a source's thread gives way.
+    """The moments a viewer's UI thread works for a person: other threads give way.
 
     Python runs one thread at a time. At 32,768 ranks a redraw (about 60 ms of work alone)
     took twice that while the source's thread decoded frames beside it, and a key waited for
     both. The UI marks its redraws and key actions with :meth:`busy`; the source's thread
-    calls :meth:`give_way` before each read. Only the UI thread calls ``busy`` (re-entrant).
+    calls :meth:`give_way` before each read, and another thread (the background diagnosis)
+    gives way through a :meth:`waiter` of its own. Only the UI thread calls ``busy``
+    (re-entrant).
     """
 
     def __init__(self, max_wait_s: float = GIVE_WAY_MAX_S) -> None:
@@ -43,18 +69,26 @@ class Foreground:
         self._free.set()
         self._depth = 0
         self._max_wait_s = max_wait_s
-        self._pass_until = 0.0  # after a wait the UI outlasted: read on freely until then
-        self.waiting = False  # the source's thread is giving way now
-        self.gave_way_s = 0.0  # how long the source's thread waited in all (what a test reads)
+        self._source = GiveWay(self._free, max_wait_s)
 
     @property
     def is_busy(self) -> bool:
         """Whether the UI marked itself busy (a source's thread would wait)."""
         return not self._free.is_set()
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the source's thread is giving way now."""
+        return self._source.waiting
+
+    @property
+    def gave_way_s(self) -> float:
+        """How long the source's thread waited in all."""
+        return self._source.gave_way_s
+
     @contextmanager
     def busy(self) -> Iterator[None]:
-        """The UI is busy for the duration: the source's thread waits before its next read."""
+        """The UI is busy for the duration: the threads that give way wait."""
         self._depth += 1
         self._free.clear()
         try:
@@ -66,15 +100,11 @@ class Foreground:
 
     def give_way(self) -> None:
         """Called by a source's thread: wait while the UI is busy, at most *max_wait_s*."""
-        if not self._free.is_set() and time.monotonic() >= self._pass_until:
-            began = time.monotonic()
-            self.waiting = True
-            if not self._free.wait(self._max_wait_s):
-                # The UI stayed busy throughout: read on as long without waiting, so that a UI
-                # busy without end halves the source's pace at worst, never stops it.
-                self._pass_until = time.monotonic() + self._max_wait_s
-            self.waiting = False
-            self.gave_way_s += time.monotonic() - began
+        self._source()
+
+    def waiter(self) -> GiveWay:
+        """A give-way of its own for another thread (its pass and count apart from the source's)."""
+        return GiveWay(self._free, self._max_wait_s)
 
 
 class StacksResult:

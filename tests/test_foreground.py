@@ -74,3 +74,19 @@ def test_a_live_source_gives_way_before_its_reads(runtime_dir: Path) -> None:
             wait_until(lambda: source.foreground.waiting, 10.0, "the source's thread giving way")
         read = source.bytes_in
         wait_until(lambda: source.bytes_in > read, 10.0, "reads going on once the UI is done")
+
+
+def test_another_thread_gives_way_with_its_own_pass_and_count() -> None:
+    """The background diagnosis holds a waiter of its own: the source's free pass (after a
+    wait the UI outlasted) is not its pass, and its waits are not counted as the source's."""
+    fg = Foreground(max_wait_s=0.5)
+    diagnosis = fg.waiter()
+    with fg.busy():
+        fg.give_way()  # the source waits the bound out: it has a free pass now
+        waited = fg.gave_way_s
+        assert waited >= 0.5
+        thread = threading.Thread(target=diagnosis, daemon=True)
+        thread.start()
+        thread.join(10.0)  # the UI stays busy throughout: the diagnosis waits its own bound out
+        assert not thread.is_alive()
+    assert diagnosis.gave_way_s >= 0.4 and fg.gave_way_s == waited and not diagnosis.waiting

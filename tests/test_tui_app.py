@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.collector import GC_THRESHOLD_0
-from ddptop.tui.app import DdptopApp
+from ddptop.tui.app import BACKGROUND_FINDINGS_RANKS, UI_SWITCH_INTERVAL_S, DdptopApp
 from ddptop.tui.event_buffer import MAX_PENDING
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
@@ -220,3 +221,40 @@ def test_a_viewer_that_fell_behind_says_how_many_events_it_dropped() -> None:
             assert [r.step for r in app.query_one(RankTable).shown_rows] == [101] * 4  # the newest kept
 
     asyncio.run(go())
+
+
+def test_the_background_diagnosis_waits_while_the_ui_is_busy() -> None:
+    """A big job is diagnosed on a worker thread; its long passes give way to the UI's busy
+    moments (a key, a redraw), as the live source's reads do (ddptop.model.pace)."""
+    async def go() -> None:
+        n = BACKGROUND_FINDINGS_RANKS + 44
+        source = FakeSource(entries([state(r, world=n) for r in range(n)]))
+        app = DdptopApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.model.ranks) == n and not app._diagnosing, timeout=30.0)
+            before = app.diagnosis_waited_s  # earlier diagnoses may have met a redraw
+            with source.foreground.busy():  # a UI busy for the whole diagnosis
+                app.redraw(fresh_findings=True)  # starts one: nothing else is diagnosing
+                assert app._diagnosing
+                await until(pilot, lambda: not app._diagnosing, timeout=60.0)
+            assert app.diagnosis_waited_s > before
+
+    asyncio.run(go())
+
+
+def test_while_the_app_runs_a_waiting_thread_gets_the_interpreter_within_a_millisecond() -> None:
+    """The UI thread waits for the interpreter at each await of a key's way through Textual
+    while another thread works: 1 ms at most while the app runs, the interpreter's own after."""
+    async def go() -> None:
+        app = DdptopApp(mismatch_job(), clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
+            assert sys.getswitchinterval() == UI_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's default, whatever an earlier test left
+    try:
+        asyncio.run(go())
+        assert sys.getswitchinterval() == 0.005
+    finally:
+        sys.setswitchinterval(before)

@@ -17,6 +17,7 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.engine import RULES, diagnose
 from ddptop.diagnosis.finding import KINDS, SEVERITY_ORDER, Finding, FindingsReport
 from ddptop.model.job import JobModel
+from ddptop.model.pace import EVERY, give_way
 from ddptop.protocol import Sample
 from ddptop.status import ENDED, Status
 
@@ -52,7 +53,9 @@ def recent_histories(model: JobModel, now: float, span_s: float) -> dict[int, li
     # same *now*) instead of each view's status: a call per rank cost ~2.5 us, 80 ms at 32,768.
     # An ended rank's word with job context (torn_down) is gone as its own word is.
     statuses = model.statuses(now)
-    for rank, view in model.ranks.items():
+    for i, (rank, view) in enumerate(model.ranks.items()):
+        if not i % EVERY:
+            give_way()
         status = statuses.get(rank)
         if (status if status is not None else view.status(now)) in GONE:
             out[rank] = list(view.history)

@@ -18,6 +18,7 @@ from ddptop.diagnosis import (
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
 from ddptop.diagnosis.memo import one_diagnosis
+from ddptop.model.pace import give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import Sample
 
@@ -76,6 +77,7 @@ def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
             if reuse is not None and rule in reuse:
                 by_rule[rule] = reuse[rule]
             else:
+                give_way()  # between two rules: the caller's other work may go first (model.pace)
                 try:
                     by_rule[rule] = rule(snapshot, histories, now, config)
                 except Exception:  # one broken rule must not hide what the others found
