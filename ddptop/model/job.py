@@ -12,11 +12,11 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import msgspec
 
 from ddptop.digest import PulseBatch, merged
+from ddptop.model.history import HISTORY_LEN, append_sample, history_len, merged_history, resized, ring
 from ddptop.model.outcome import Ending, ending_of, exit_fields, first_failure, resolved_status
 from ddptop.model.pace import EVERY, give_way
 from ddptop.model.snapshot import JobSnapshot, build_snapshot
@@ -38,8 +38,6 @@ from ddptop.protocol import (
 )
 from ddptop.status import FINAL, STALE_AFTER_S, Status
 
-HISTORY_LEN = 3600  # samples kept per rank by the viewer (1 h at 1 Hz)
-
 # Connection status words, shown in the UI next to colour.
 CONNECTED, STALE, LOST = Status.CONNECTED.value, Status.STALE.value, Status.LOST.value
 
@@ -56,7 +54,7 @@ class RankView:
     received_at: float = 0.0
     connection: str = CONNECTED
     connection_reason: str = ""
-    history: deque[Sample] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
+    history: deque[Sample] = field(default_factory=ring)  # its length: model.history
     stacks: StacksMsg | None = None
     fr_trace: FrTraceMsg | None = None
     exit: RankExit | None = None  # how the process ended, from the node agent
@@ -158,8 +156,15 @@ class JobModel:
         """The view of *rank*, created on first use."""
         found = self.ranks.get(rank)
         if found is None:
-            found = self.ranks[rank] = RankView(rank=rank)
+            found = self.ranks[rank] = RankView(rank=rank, history=ring(keep=history_len(self.world_size)))
         return found
+
+    def _grow(self, world_size: int) -> None:
+        # A bigger job than known (its first state, mostly): the ranks share the history budget.
+        self.world_size = world_size
+        keep = history_len(world_size)
+        for view in self.ranks.values():
+            view.history = resized(view.history, keep)
 
     def apply(self, message: Message | PulseBatch, rank: int | None = None, at: float | None = None) -> None:
         """Fold one event into the model (RecordEntry unwraps to its message)."""
@@ -194,21 +199,14 @@ class JobModel:
             if view.connection != LOST and st.status not in FINAL:
                 view.connection = CONNECTED
             self.job_id = self.job_id or st.job_id
-            self.world_size = max(self.world_size, st.world_size)
-            _append_sample(view.history, st)
+            if st.world_size > self.world_size:
+                self._grow(st.world_size)
+            append_sample(view.history, st)
             self._touch(t)
         elif isinstance(message, HistoryMsg):
             view = self.view(message.rank)
             self._changed(view)
-            samples = message.samples
-            if not view.history and all(a.time < b.time for a, b in pairwise(samples)):
-                # An attach: the first history of each of 32,768 ranks, oldest first as a rank
-                # keeps it; nothing to merge or sort.
-                view.history = deque(samples, maxlen=HISTORY_LEN)
-                return
-            merged = {s.time: s for s in view.history}
-            merged.update({s.time: s for s in samples})
-            view.history = deque(sorted(merged.values(), key=lambda s: s.time), maxlen=HISTORY_LEN)
+            view.history = merged_history(view.history, message.samples)
         elif isinstance(message, StacksMsg):
             view = self.view(message.rank)
             self._changed(view)
@@ -231,7 +229,8 @@ class JobModel:
             if view is None:
                 view = self.view(pulse.rank)
                 self.job_id = self.job_id or detail.job_id
-                self.world_size = max(self.world_size, detail.world_size)
+                if detail.world_size > self.world_size:
+                    self._grow(detail.world_size)
             view.version += 1
             for sink in sinks:
                 sink.add(pulse.rank)
@@ -342,7 +341,7 @@ class JobModel:
     def copy(self) -> JobModel:
         """An independent copy (states are shared: nothing mutates them), for another thread
         or a replay checkpoint."""
-        ranks = {r: dataclasses.replace(v, history=deque(v.history, maxlen=HISTORY_LEN))
+        ranks = {r: dataclasses.replace(v, history=ring(v.history, v.history.maxlen or HISTORY_LEN))
                  for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                         first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
@@ -390,8 +389,3 @@ def ended_over(known: RankState, stub: RankState) -> RankState:
                       batches_per_epoch=stub.batches_per_epoch, loaders=stub.loaders or known.loaders)
     return msgspec.structs.replace(known, **fields)
 
-
-def _append_sample(history: deque[Sample], st: RankState) -> None:
-    if history and history[-1].time >= st.time:
-        return
-    history.append(Sample.of(st, st.time))
