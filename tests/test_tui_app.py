@@ -16,6 +16,7 @@ from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.collector import GC_THRESHOLD_0
+from ddptop.model.job import JobModel
 from ddptop.tui.app import BACKGROUND_FINDINGS_RANKS, UI_SWITCH_INTERVAL_S, DdptopApp
 from ddptop.tui.event_buffer import MAX_PENDING
 from ddptop.tui.screens.detail import RankDetail
@@ -258,3 +259,29 @@ def test_while_the_app_runs_a_waiting_thread_gets_the_interpreter_within_a_milli
         assert sys.getswitchinterval() == 0.005
     finally:
         sys.setswitchinterval(before)
+
+
+def test_the_background_diagnosis_s_copy_is_freed_when_it_returns() -> None:
+    """The worker diagnoses a copy of the model (at 32,768 ranks, 32,768 views and their
+    merged states): freed by reference counting when the diagnosis returns, not left to the
+    cyclic collector."""
+    async def go() -> None:
+        n = BACKGROUND_FINDINGS_RANKS + 44
+        app = DdptopApp(FakeSource(entries([state(r, world=n) for r in range(n)])), clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.model.ranks) == n and not app._diagnosing, timeout=30.0)
+            gc.collect()
+            was_enabled = gc.isenabled()
+            gc.disable()  # only reference counting frees the copy here
+            try:
+                before = {id(o) for o in gc.get_objects() if isinstance(o, JobModel)}
+                app.redraw(fresh_findings=True)
+                assert app._diagnosing
+                await until(pilot, lambda: not app._diagnosing, timeout=60.0)
+                left = [o for o in gc.get_objects() if isinstance(o, JobModel) and id(o) not in before]
+                assert left == []
+            finally:
+                if was_enabled:
+                    gc.enable()
+
+    asyncio.run(go())

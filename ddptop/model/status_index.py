@@ -32,7 +32,11 @@ class StatusIndex:
     """``statuses(now)`` of one model, updated from its dirty ranks (see module doc)."""
 
     def __init__(self, model: JobModel, stale_after_s: float = STALE_AFTER_S) -> None:
-        self.model = model
+        # The model's views, not the model: the model holds this index, and a reference back
+        # made every model that had been asked a cycle, freed only by the cyclic collector (the
+        # dashboard's background diagnosis drops a copy of 32,768 views and their merged states
+        # every few seconds).
+        self._ranks = model.ranks
         self.stale_after_s = stale_after_s
         self._dirty = model.watch_dirty()
         # rank -> the status word unless the clock made it stale, in rank order (the old
@@ -73,7 +77,7 @@ class StatusIndex:
     # ------------------------------------------------------------ upkeep
 
     def _fold(self) -> None:
-        ranks = self.model.ranks
+        ranks = self._ranks
         if len(ranks) != len(self._base):
             self._dirty.update(ranks.keys() - self._base.keys())  # a view made outside apply
         if not self._dirty:

@@ -240,7 +240,9 @@ class DdptopApp(ReplayActions):
         # itself, not a copy; the diagnosis reads a deque only through C-level calls (bisect,
         # list) that hold the GIL throughout, so appends by the UI thread cannot interleave
         # with them (see recent_samples).
-        job = self.model.shared_copy()
+        # Popped by the worker: Textual's Worker and this closure sit in a reference cycle, and
+        # a copy held by the closure (32,768 views, merged states) waited for the collector.
+        job = [self.model.shared_copy()]
         self._diagnosing = True
         # Its long passes wait while the UI is busy (a key, a redraw): sharing the GIL with
         # the diagnosis took keys twice as long (ddptop.model.pace).
@@ -250,12 +252,11 @@ class DdptopApp(ReplayActions):
             began = time.monotonic()
             try:
                 with giving_way(waiter):
-                    found = findings(job, now, self._cadence)
+                    found = findings(job.pop(), now, self._cadence)
             finally:
                 # The worker shares the GIL with the UI: keep it under about a fifth of
-                # the time however big the job (4096 ranks: ~0.2-0.4 s a diagnosis). Wall
-                # time, its waits for the UI included (a first version that left them out, so
-                # diagnosed more often: key p95 80 against 42 ms, 32,768 ranks, 4 runs each).
+                # the time however big the job (4096 ranks: ~0.2-0.4 s a diagnosis). Wall time, its
+                # waits included (without them, it ran more often: key p95 80 against 42 ms at 32k).
                 self.diagnosis_waited_s += waiter.gave_way_s
                 self._findings_every = max(FINDINGS_EVERY_S, 5 * (time.monotonic() - began))
                 self._diagnosing = False
