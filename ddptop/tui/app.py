@@ -256,7 +256,7 @@ class DdptopApp(ReplayActions):
             finally:
                 # The worker shares the GIL with the UI: keep it under about a fifth of
                 # the time however big the job (4096 ranks: ~0.2-0.4 s a diagnosis). Wall time, its
-                # waits included (without them, it ran more often: key p95 80 against 42 ms at 32k).
+                # waits included (a first version without them: key p95 80 against 42 ms at 32k).
                 self.diagnosis_waited_s += waiter.gave_way_s
                 self._findings_every = max(FINDINGS_EVERY_S, 5 * (time.monotonic() - began))
                 self._diagnosing = False
