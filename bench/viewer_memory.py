@@ -29,7 +29,8 @@ from ddptop.testing.synthetic import run_in_subprocess
 
 _CHILD = """
 import json, os, sys, threading, time
-sys.path[:0] = [{root!r}]
+sys.path[:0] = [{root!r}, {bench!r}]
+from tui_scale import wait_for
 from ddptop.client.collector import ViewerCollector
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
@@ -51,15 +52,10 @@ def fold(event):
 source, collector = LiveSource(resolve({job!r}), digest=True), ViewerCollector()
 collector.start()
 source.start(fold, pulses=fold)
-deadline = time.monotonic() + 120 + n / 256
-while True:
+def every_rank_in():
     with lock:
-        heard = sum(1 for v in model.ranks.values() if v.base is not None)
-    if heard >= n:
-        break
-    if time.monotonic() > deadline:
-        raise SystemExit(f"only {{heard}} of {{n}} ranks")
-    time.sleep(0.5)
+        return sum(1 for v in model.ranks.values() if v.base is not None) >= n
+wait_for(every_rank_in, 120 + n / 256, f"a state from each of {{n}} ranks")
 with lock:
     collector.attached(n, settled=True)
 base, began, rows = rss_mib(), time.monotonic(), []
@@ -76,7 +72,8 @@ print(json.dumps({{"base_mib": round(base), "rows": rows}}))
 
 def measure(job_id: str, n: int, seconds: float, every: float, root: Path) -> dict[str, object]:
     """One viewer process importing ddptop from *root*: its memory over *seconds*."""
-    code = _CHILD.format(root=str(root), n=n, job=job_id, seconds=seconds, every=every)
+    code = _CHILD.format(root=str(root), bench=str(root / "bench"), n=n, job=job_id, seconds=seconds,
+                         every=every)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=seconds + 900, check=False, cwd=root)
     if done.returncode != 0:
