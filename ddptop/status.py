@@ -52,7 +52,9 @@ MISSED_SAMPLES = 2  # states missed in a row before a rank counts as silent
 SILENCE_GRACE_S = 1.0  # on top: a loaded host delays a sample, it does not skip it
 # Stale, the word a viewer shows: silent, and for long enough that the node agent (which acts
 # at silence: it reads the rank's stack from outside) has had time to say where it is stuck,
-# so a row turns stale with its reason rather than before it.
+# so a row turns stale with its reason rather than before it. The wait is only for that
+# reason: a rank whose agent's report has come is stale from then on (its rank_unresponsive
+# finding names it from the same report), and STALE_AFTER_S is for ranks no agent reads.
 OUTSIDE_READ_S = 2.0
 STALE_AFTER_S = MISSED_SAMPLES * SAMPLE_INTERVAL_S + SILENCE_GRACE_S + OUTSIDE_READ_S
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from ddptop.digest import PulseBatch, pulse_of
 from ddptop.model.job import JobModel
-from ddptop.protocol import ConnectionEvent, Message, RankExit, RankState, RecordEntry, StateMsg
+from ddptop.protocol import (ConnectionEvent, Message, RankExit, RankState, RecordEntry, StacksMsg, StateMsg,
+                             StuckReport)
 from ddptop.status import STALE_AFTER_S, Status
 from ddptop.tui.widgets.header import HeaderFacts, identity_by_loop
 
@@ -40,7 +41,11 @@ exit_events = st.builds(
 conn_events = st.builds(lambda r, t, s: ConnectionEvent(time=t, rank=r, status=s, reason="x"),
                         ranks, times, st.sampled_from([Status.CONNECTED.value, Status.STALE.value,
                                                        Status.LOST.value]))
-events = st.one_of(state_events, state_events, exit_events, conn_events)
+stuck_events = st.builds(
+    lambda r, t, at: RecordEntry(time=at, rank=r, message=StacksMsg.of_stuck(
+        StuckReport(rank=r, pid=100 + r, time=t, since=t - 3.0, source="proc"))),
+    ranks, times, times)
+events = st.one_of(state_events, state_events, exit_events, conn_events, stuck_events)
 steps = st.lists(st.tuples(events, st.none() | times), min_size=1, max_size=40)
 
 
@@ -69,6 +74,27 @@ def test_a_silent_rank_turns_stale_with_time_alone() -> None:
     assert model.statuses(100.5 + STALE_AFTER_S) == {0: "running", 1: "stale"}
     model.apply(StateMsg(state=_state(1, 106.0, "running", "")))
     assert model.statuses(106.0 + STALE_AFTER_S) == {0: "stale", 1: "running"}
+
+
+def test_a_rank_its_agent_found_stuck_is_stale_at_once_until_it_answers() -> None:
+    """The node agent's stuck report (read at silence, ~3 s) makes the rank stale when it
+    arrives, not at STALE_AFTER_S: the wait was for that reason only. Its next state ends it."""
+    model = JobModel("si", 2)
+    for r in (0, 1):
+        model.apply(StateMsg(state=_state(r, 100.0, "running", "")))
+    assert model.statuses(103.0) == {0: "running", 1: "running"}
+    report = StuckReport(rank=1, pid=101, time=103.4, since=100.0, source="py-spy")
+    model.apply(RecordEntry(time=103.5, rank=1, message=StacksMsg.of_stuck(report)))
+    assert model.statuses(103.5) == {0: "running", 1: "stale"}
+    assert model.statuses(103.5) == model._statuses_full(103.5)
+    assert model.ranks[1].status(103.5) == "stale"
+    snap = model.snapshot(103.5)
+    assert [(s.rank, s.status, s.stuck is not None) for s in snap.ranks] == [(0, "running", False),
+                                                                             (1, "stale", True)]
+    model.apply(StateMsg(state=_state(1, 104.0, "running", "")))  # it answers again
+    assert model.statuses(104.0) == {0: "running", 1: "running"}
+    assert model.statuses(100.5 + STALE_AFTER_S) == {0: "stale", 1: "running"}
+    assert model.statuses(104.0) == model._statuses_full(104.0)
 
 
 def test_each_consumer_owns_its_dirty_set() -> None:

@@ -152,6 +152,12 @@ def test_silent_rank_goes_stale_and_its_agent_says_where_it_is_stuck(
         wait_until(lambda: late.read(lambda m: m.ranks.get(odd) is not None
                                      and m.ranks[odd].current_stuck() is not None) is True,
                    20, "the stuck report in a late viewer's catch-up")
+        # Stale from the report, not from the clock: read at the moment of its last state
+        # (both viewers), the rank is stale already, and no other rank is.
+        for viewer in (w, late):
+            at_last = viewer.read(lambda m: m.statuses(m.ranks[odd].received_at))
+            assert isinstance(at_last, dict) and at_last[odd] == STALE
+            assert [r for r, s in at_last.items() if s != "running"] == [odd]
         assert (w.pulses() > 0) == digest
 
 

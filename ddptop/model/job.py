@@ -107,6 +107,8 @@ class RankView:
         """The status word of a rank that has not ended (connection, staleness, its own word)."""
         if self.connection == LOST:
             return LOST
+        if self.stuck is not None and self.current_stuck() is not None:
+            return STALE  # its node agent found it silent and said where: no need to wait longer
         if self.base is None:
             return "starting" if self.connection == CONNECTED else self.connection
         if self.connection == STALE or now - self.received_at > stale_after_s:

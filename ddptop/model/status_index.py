@@ -4,7 +4,7 @@ The dashboard asks :meth:`JobModel.statuses` at every redraw. A loop over every 
 15 ms at 8,192 ranks and 60 ms at 32,768, although between two redraws only the ranks that
 sent something differ. This index keeps, per rank, the word that does not depend on the
 clock; only "stale" depends on it (a rank that sent nothing for ``STALE_AFTER_S`` turns
-stale without any event), so the ranks that could go stale are kept in buckets by the
+stale without any event; one its node agent reported stuck turns stale with that event), so the ranks that could go stale are kept in buckets by the
 second of their last receipt, and a call visits only the buckets old enough to matter.
 The teardown context (which failure came first, who is torn down) is recomputed over the
 ended ranks only, and only when one of them changed.
@@ -97,7 +97,7 @@ class StatusIndex:
             # The usual change: a running rank's new sample, received within the same second
             # as its bucket's (or the next). Inline: 8,192 of these per redraw at 32,768 ranks.
             if st is not None and view.connection == _CONNECTED and view.exit is None \
-                    and st.status not in FINAL and rank in received_of:
+                    and view.stuck is None and st.status not in FINAL and rank in received_of:
                 before = math.floor(received_of[rank])
                 after = math.floor(view.received_at)
                 received_of[rank] = view.received_at
@@ -141,6 +141,8 @@ class StatusIndex:
         """``view.live_status`` without the clock; a rank that can go stale is bucketed."""
         if view.connection == _LOST:
             return _LOST
+        if view.stuck is not None and view.current_stuck() is not None:
+            return _STALE  # found stuck by its node agent: stale whatever the clock says
         st = view.base
         if st is None:
             return "starting" if view.connection == _CONNECTED else view.connection

@@ -29,7 +29,7 @@ HELP_TEXT = """\
   ✓ in step   ⚠ LAG-SEQ / LAG-STEP behind the leader and not moving
   MISMATCH  in a different collective than its peers at the same seq
   BATCHES   batches_per_epoch differs from the other ranks
-  STALE no state for 5 s   LOST connection gone   CRASHED died (see detail)
+  STALE silent 5 s / found stuck   LOST connection gone   CRASHED died (see detail)
 
 [b]GPU colours[/b] (nvitop)  util green <10% yellow <75% red;  mem green <10% yellow <80% red
 """
