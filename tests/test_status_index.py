@@ -16,8 +16,16 @@ from hypothesis import strategies as st
 
 from ddptop.digest import PulseBatch, pulse_of
 from ddptop.model.job import JobModel
-from ddptop.protocol import (ConnectionEvent, Message, RankExit, RankState, RecordEntry, StacksMsg, StateMsg,
-                             StuckReport)
+from ddptop.protocol import (
+    ConnectionEvent,
+    Message,
+    RankExit,
+    RankState,
+    RecordEntry,
+    StacksMsg,
+    StateMsg,
+    StuckReport,
+)
 from ddptop.status import STALE_AFTER_S, Status
 from ddptop.tui.widgets.header import HeaderFacts, identity_by_loop
 

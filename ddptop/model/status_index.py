@@ -4,8 +4,9 @@ The dashboard asks :meth:`JobModel.statuses` at every redraw. A loop over every 
 15 ms at 8,192 ranks and 60 ms at 32,768, although between two redraws only the ranks that
 sent something differ. This index keeps, per rank, the word that does not depend on the
 clock; only "stale" depends on it (a rank that sent nothing for ``STALE_AFTER_S`` turns
-stale without any event; one its node agent reported stuck turns stale with that event), so the ranks that could go stale are kept in buckets by the
-second of their last receipt, and a call visits only the buckets old enough to matter.
+stale without any event; one its node agent reported stuck turns stale with that event),
+so the ranks that could go stale are kept in buckets by the second of their last receipt,
+and a call visits only the buckets old enough to matter.
 The teardown context (which failure came first, who is torn down) is recomputed over the
 ended ranks only, and only when one of them changed.
 
