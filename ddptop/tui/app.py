@@ -32,7 +32,7 @@ from ddptop.model.pace import giving_way
 from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
 from ddptop.tui.event_buffer import EventBuffer
-from ddptop.tui.findings import Cadence, findings, worst
+from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
 from ddptop.tui.replay_actions import ReplayActions
 from ddptop.tui.row_index import GROUP_FROM_RANKS, RowIndex
 from ddptop.tui.rows import RowBuilder
@@ -48,7 +48,6 @@ from ddptop.tui.widgets.timeline import Timeline
 log = logging.getLogger(__name__)
 
 QUIET_REDRAW_S = 1.0  # redraw at least this often: statuses turn "stale" with time alone
-FINDINGS_EVERY_S = 1.0  # at most this often (longer when a diagnosis takes long): not per redraw
 # From this many ranks on, the diagnosis runs on a worker thread so keys stay responsive;
 # below it, it costs a few ms and runs inline (deterministic for tests and replay).
 BACKGROUND_FINDINGS_RANKS = 256
@@ -112,8 +111,7 @@ class DdptopApp(ReplayActions):
         self.redraws = 0
         self._dirty = True
         self._last_redraw = 0.0
-        self._last_findings = -FINDINGS_EVERY_S
-        self._findings_ranks = -1  # rank count the findings were computed on
+        self._pace = FindingsPace()  # when the next diagnosis is due
         self._buffer = EventBuffer(self._wake)
         self._started = False
         self._diagnosing, self._cadence = False, Cadence()  # a big job's rate rules every 10 s
@@ -121,7 +119,6 @@ class DdptopApp(ReplayActions):
         self._switch_before = sys.getswitchinterval()  # the interpreter's, restored at unmount
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
         self._index: RowIndex | None = None  # above GROUP_FROM_RANKS: visible rows and groups
-        self._findings_every = FINDINGS_EVERY_S
         self.collector = ViewerCollector()  # held off while the job attaches (its module says why)
 
     # ------------------------------------------------------------ wiring
@@ -207,14 +204,6 @@ class DdptopApp(ReplayActions):
     def _redraw(self, fresh_findings: bool) -> None:
         now = self.now()
         wall = time.monotonic()
-        # New ranks (first data, a rank appearing) deserve findings at once, not a second later.
-        if (fresh_findings or self.replay or wall - self._last_findings >= self._findings_every
-                or len(self.model.ranks) != self._findings_ranks):
-            if self.replay or len(self.model.ranks) < BACKGROUND_FINDINGS_RANKS:
-                self.findings = findings(self.model, now)
-            elif not self._diagnosing:
-                self._diagnose_in_background(now)
-            self._last_findings, self._findings_ranks = wall, len(self.model.ranks)
         table = self.query_one(RankTable)
         big = max(len(self.model.ranks), self.model.world_size) > GROUP_FROM_RANKS
         if big or (self._index is not None and self._index.model is self.model):
@@ -225,6 +214,16 @@ class DdptopApp(ReplayActions):
         else:
             table.set_rows(self._rows.build(self.model, now))
             statuses, counts = self._rows.statuses, None
+        # New ranks (first data, a rank appearing) deserve findings at once, a changed status
+        # word soon (FindingsPace); the words are the index's counts, kept as ranks change.
+        ranks = len(self.model.ranks)
+        if fresh_findings or self.replay or self._pace.due(wall, ranks, counts):
+            if self.replay or ranks < BACKGROUND_FINDINGS_RANKS:
+                self.findings = findings(self.model, now)
+                self._pace.began(wall, ranks, counts)
+            elif not self._diagnosing:
+                self._diagnose_in_background(now)
+                self._pace.began(wall, ranks, counts)
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
                                        "replay" if self.replay else "live", self.paused, statuses, counts)
@@ -254,11 +253,10 @@ class DdptopApp(ReplayActions):
                 with giving_way(waiter):
                     found = findings(job.pop(), now, self._cadence)
             finally:
-                # The worker shares the GIL with the UI: keep it under about a fifth of
-                # the time however big the job (4096 ranks: ~0.2-0.4 s a diagnosis). Wall time, its
-                # waits included (a first version without them: key p95 80 against 42 ms at 32k).
+                # Wall time, its waits included (a first version without them: key p95 80
+                # against 42 ms at 32k): the pace keeps it to a share of the time.
                 self.diagnosis_waited_s += waiter.gave_way_s
-                self._findings_every = max(FINDINGS_EVERY_S, 5 * (time.monotonic() - began))
+                self._pace.took(time.monotonic() - began)
                 self._diagnosing = False
             self.call_from_thread(self._show_findings, found)
 
