@@ -23,7 +23,8 @@ __all__ = ["Cadence", "FindingsPace", "findings", "worst"]
 FINDINGS_EVERY_S = 1.0  # at most this often: not per redraw
 # A background diagnosis begins again this many of its own durations after the last began:
 # it shares the interpreter with the UI, so it takes about a fifth of the time however big
-# the job (4,096 ranks: ~0.2-0.4 s a diagnosis; 32,768: ~1.4-2 s, so one every 7-10 s).
+# the job (4,096 ranks: ~0.05 s a diagnosis; 32,768: ~1.2-1.7 s, so one every 6-8 s;
+# bench/dashboard_cpu.py).
 SHARE = 5.0
 # ...but a rank's status word that changed (stale, lost, crashed, exited) deserves a finding
 # sooner: as early as this many durations after the last began (a third of the time at most
