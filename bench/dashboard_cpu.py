@@ -39,14 +39,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(_ROOT), str(_ROOT / "bench")]
 
-from tui_scale import generator_args, runnable
+from tui_scale import every_rank_in, generator_args, runnable
 
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
@@ -91,21 +92,27 @@ class DiagnosisClock:
                 self.on_ui_s += spent
 
 
-async def watch(job_id: str, n: int, digest: bool, settle_s: float, seconds: float) -> dict[str, float]:
-    """The real app watching *job_id*; this process's CPU over *seconds*, by thread."""
+@contextmanager
+def clocked_findings() -> Iterator[DiagnosisClock]:
+    """The app's ``findings`` wrapped by a :class:`DiagnosisClock` for the block."""
     import ddptop.tui.app as app_module
-    from ddptop.tui.app import DdptopApp
 
     clock = DiagnosisClock(app_module.findings)
     app_module.findings = clock  # type: ignore[assignment]
     try:
+        yield clock
+    finally:
+        app_module.findings = clock.inner  # type: ignore[assignment]
+
+
+async def watch(job_id: str, n: int, digest: bool, settle_s: float, seconds: float) -> dict[str, float]:
+    """The real app watching *job_id*; this process's CPU over *seconds*, by thread."""
+    from ddptop.tui.app import DdptopApp
+
+    with clocked_findings() as clock:
         app = DdptopApp(LiveSource(resolve(job_id), digest=digest))
         async with app.run_test(size=(200, 60)) as pilot:
-            deadline = time.monotonic() + 90 + n / 256
-            while len(app.model.ranks) < n or any(v.base is None for v in app.model.ranks.values()):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the app had {len(app.model.ranks)} of {n} ranks")
-                await pilot.pause(0.2)
+            await every_rank_in(app, pilot, n)
             await pilot.pause(settle_s)
             live = live_thread()
             if live is None or live.native_id is None:
@@ -120,8 +127,6 @@ async def watch(job_id: str, n: int, digest: bool, settle_s: float, seconds: flo
             diag, runs = clock.cpu_s - d_cpu0, clock.runs - runs0
             ui -= clock.on_ui_s - d_ui0
             mean_wall = (clock.wall_s - d_wall0) / runs if runs else 0.0
-    finally:
-        app_module.findings = clock.inner  # type: ignore[assignment]
 
     def per_s(x: float) -> float:
         return 1000 * x / wall
@@ -142,15 +147,12 @@ async def time_to_finding(job_id: str, n: int, odd: int, digest: bool, limit_s: 
     waits in a collective *odd* never enters; ``silent``: *odd* stops sending): seconds from
     the moment it counts (``LATE``) to the app showing the finding that names *odd*, and how
     many diagnoses ran (since the attach) and how long each took."""
-    import ddptop.tui.app as app_module
     from ddptop.diagnosis.config import DiagnosisConfig
     from ddptop.tui.app import DdptopApp
 
-    clock = DiagnosisClock(app_module.findings)
-    app_module.findings = clock  # type: ignore[assignment]
     kind, after_stall = LATE[scenario]
     after_s = DiagnosisConfig().stall_s if after_stall else 0.0
-    try:
+    with clocked_findings() as clock:
         app = DdptopApp(LiveSource(resolve(job_id), digest=digest))
         async with app.run_test(size=(200, 60)) as pilot:
             deadline = time.monotonic() + limit_s
@@ -161,8 +163,6 @@ async def time_to_finding(job_id: str, n: int, odd: int, digest: bool, limit_s: 
                                 "mean_wall_s": clock.wall_s / max(1, clock.runs)}
                 await pilot.pause(0.1)
             return {}
-    finally:
-        app_module.findings = clock.inner  # type: ignore[assignment]
 
 
 def late_rows(sizes: list[int], ways: list[str], scenario: str) -> list[tuple[int, str, dict[str, float]]]:

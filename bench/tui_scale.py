@@ -162,13 +162,7 @@ async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
         app.collector = ViewerCollector(hold=False, freeze=False)
     async with app.run_test(size=(200, 60)) as pilot:
         table = app.query_one(RankTable)
-        deadline = time.monotonic() + 90 + n / 256
-        # Every rank in the model (above 1,024 ranks the table shows the odd ones and groups,
-        # not a row per rank) and at least one row drawn.
-        while len(app.model.ranks) < n or any(r is None for r in _states(app)) or not len(table.shown_rows):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the app had {len(app.model.ranks)} of {n} ranks")
-            await pilot.pause(0.2)
+        await every_rank_in(app, pilot, n)
         update, paint, cycle = [], [], []
         app.paused = True  # the timer stops redrawing: the bench redraws at the timer's cadence
         ui_cpu, ui_wall = time.thread_time(), time.monotonic()  # the UI thread's work, all of it
@@ -210,6 +204,19 @@ async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
             "cycle_ms": 1000 * statistics.median(cycle),
             "key_p95_ms": 1000 * keys[min(len(keys) - 1, int(0.95 * len(keys)))],
             "key_max_ms": 1000 * keys[-1], "rows": float(len(table.shown_rows)), "ui_ms_per_s": ui_ms_per_s}
+
+
+async def every_rank_in(app, pilot, n: int) -> None:  # type: ignore[no-untyped-def]
+    """Until every rank's state is in the app's model (above 1,024 ranks the table shows the
+    odd ones and groups, not a row per rank) and at least one row is drawn."""
+    from ddptop.tui.widgets.rank_table import RankTable
+
+    table = app.query_one(RankTable)
+    deadline = time.monotonic() + 90 + n / 256
+    while len(app.model.ranks) < n or any(r is None for r in _states(app)) or not len(table.shown_rows):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the app had {len(app.model.ranks)} of {n} ranks")
+        await pilot.pause(0.2)
 
 
 async def _painted(pilot) -> None:  # type: ignore[no-untyped-def]
