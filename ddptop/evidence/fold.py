@@ -50,7 +50,9 @@ def fold_evidence(dumps: Iterable[RankDump], failures: Iterable[RankFailure], *,
     With *base* (a recording of the same job: ddptop's black box), a rank the recording
     already knows keeps its last state, with the dump's groups and the failure's words
     added to it, so the dump adds what the 1 Hz samples could not see without erasing
-    the step, the host and the exit the recording had.
+    the step, the host and the exit the recording had. Where the recording's exit is
+    unknown (the node agent saw the process go, reaped before its status could be read),
+    torchrun's own account of that process (its exit code or signal) tells it.
     """
     by_rank: dict[int, RankDump] = {}
     for dump in sorted(dumps, key=lambda d: d.dump_time):
@@ -64,12 +66,15 @@ def fold_evidence(dumps: Iterable[RankDump], failures: Iterable[RankFailure], *,
     world = max([world_size, *(_world_of(d) for d in by_rank.values()),
                  *(r + 1 for r in (*by_rank, *failed))], default=0)
     known = _last_states(base) if base is not None else {}
+    exits = _last_exits(base) if base is not None else {}
     if base is not None:
         world = max(world, base.manifest.world_size)
     events: list[Event] = list(base.events) if base is not None else []
     for rank in sorted(set(by_rank) | set(failed)):
         if rank in known:
             events += _added_to(known[rank], by_rank.get(rank), failed.get(rank))
+            if rank in exits and rank in failed:
+                events += _exit_told(exits[rank], failed[rank])
         else:
             events += _rank_events(rank, by_rank.get(rank), failed.get(rank), job_id, world)
     hosts = sorted({d.host for d in by_rank.values() if d.host} | {f.host for f in failed.values() if f.host})
@@ -98,6 +103,26 @@ def _last_states(contents: Contents) -> dict[int, RecordEntry]:
             if known is None or event.time >= known.time:
                 out[event.rank] = event
     return out
+
+
+def _last_exits(contents: Contents) -> dict[int, RankExit]:
+    out: dict[int, RankExit] = {}
+    for event in contents.events:
+        message = event.message if isinstance(event, RecordEntry) else event
+        if isinstance(message, RankExit):
+            out[message.rank] = message  # the events are in time order: the last one wins
+    return out
+
+
+def _exit_told(exit: RankExit, failure: RankFailure) -> list[Event]:
+    """The recorded *exit*, if its status is unknown, with the status torchrun's log gives
+    for the same process (an exit after it, at the same time, so the model takes it)."""
+    if exit.exit_code is not None or exit.signal or (failure.exit_code is None and not failure.signal):
+        return []
+    if failure.pid and exit.pid and failure.pid != exit.pid:
+        return []  # an earlier incarnation's failure (torchrun restarted the rank)
+    return [msgspec.structs.replace(exit, exit_code=None if failure.signal else failure.exit_code,
+                                    signal=failure.signal)]
 
 
 def _added_to(last: RecordEntry, dump: RankDump | None, failure: RankFailure | None) -> list[Event]:
