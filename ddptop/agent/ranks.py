@@ -94,12 +94,15 @@ class LocalRanks:
         text, _cut = read_text_tail(path, MAX_CRASH_READ)
         if has_stacks(text):
             events.append(crash_frame(rank, path.name, text, MAX_CRASH_READ))
-        oom = self._memory.verdict(rank, gone.pid, gone.signal)
-        cause = oom.cause or self._scheduler.verdict(rank, gone.pid, gone.signal)
+        # Reaped by torchrun before its status could be read: the kernel's and the cgroup's
+        # record of an OOM kill still tell (a SIGKILL then); else the status stays unknown.
+        oom = self._memory.verdict(rank, gone.pid, gone.signal if gone.known else "SIGKILL")
+        signal = gone.signal or ("SIGKILL" if oom.cause and not gone.known else "")
+        cause = oom.cause or self._scheduler.verdict(rank, gone.pid, signal)
         endpoint = self.endpoints.get(rank)
         events.append(RankExit(time=gone.time, rank=rank, pid=gone.pid,
                                host=(endpoint.node if endpoint is not None else "") or self.host,
-                               exit_code=gone.exit_code, signal=gone.signal, cause=cause,
+                               exit_code=gone.exit_code, signal=signal, cause=cause,
                                memory_limit_bytes=oom.limit_bytes, memory_peak_bytes=oom.peak_bytes))
         return events
 
