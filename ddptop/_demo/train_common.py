@@ -73,7 +73,27 @@ def stop_together(end: float, device: torch.device) -> bool:
     """
     flag = torch.tensor([1.0 if time.monotonic() > end else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    let_go(flag, device)
     return bool(flag.item() > 0)
+
+
+def let_go(tensor: torch.Tensor, device: torch.device, limit_s: float = 30.0) -> None:
+    """Wait (bounded) until gloo's worker thread has let go of *tensor*, after its collective.
+
+    gloo marks a collective done before its worker thread drops its own references to the
+    collective's tensors: just after ``all_reduce`` returned, a tensor's use count was still 4
+    in 1-57% of calls (2 ranks on 2 cores). When this Python object goes first, the worker's
+    late drop needs the GIL; if the interpreter is finalizing by then, the thread exits inside
+    a C++ destructor and the rank aborts at exit ("terminate called without an active
+    exception", SIGABRT, after the job's last step: 2 of 94 plain torchrun runs of the
+    healthy probe, none of 140 with this wait). Holding the tensor until it is ours alone
+    makes the worker's drop a plain decrement. Only gloo: the wait is for its worker thread.
+    """
+    if device.type != "cpu":
+        return
+    give_up = time.monotonic() + limit_s
+    while tensor._use_count() > 1 and time.monotonic() < give_up:
+        time.sleep(0.0005)  # the condition is the worker's drop; it comes within microseconds
 
 
 def hold_until_released(end: float) -> None:
