@@ -177,8 +177,12 @@ def test_a_whole_host_lost_every_survivor_names_it_node_lost(three_hosts: ThreeH
     since = time.monotonic()
     wait_until(lambda: time.monotonic() - since > 2 * BEAT_S and job.steps(1) > trained, 60.0,
                "a beat of host b's agent after its ranks trained")
-    tree = [p.pid for p in descendants(job.procs[1].pid)] + [job.procs[1].pid]
-    for pid in tree:  # agent, torchrun and ranks at once: nothing on host b says goodbye
+    # The agent first: killed after torchrun or a rank, it could see that death and tell the
+    # others of it in the moment between two kills (seen once in CI: node_lost named only rank
+    # 3, rank 2's ending told by its agent). Then torchrun and the ranks: nothing on host b says
+    # goodbye.
+    tree = [job.procs[1].pid] + [p.pid for p in descendants(job.procs[1].pid)]
+    for pid in tree:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
