@@ -40,11 +40,14 @@ from ddptop.agent.outcomes import JobFile, LostAtFinish
 from ddptop.agent.ranks import LocalRanks
 from ddptop.agent.recording import JobRecording
 from ddptop.agent.serving import ask_ranks, model_catch_up
+from ddptop.agent.stderr_tail import CONSOLE_FILE
 from ddptop.agent.stuck import StuckWatch
 from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
 from ddptop.errors import DdptopError
+from ddptop.evidence.fold import exit_told
+from ddptop.evidence.torchrun_log import read_torchrun_log
 from ddptop.model.job import JobModel
 from ddptop.protocol import ConnectionEvent, Event, RankExit, RecordEntry, StacksMsg, StateMsg, StuckReport
 from ddptop.status import FINAL
@@ -169,6 +172,7 @@ class NodeAgent:
         self._scan()  # a rank that announced itself at the very end
         for gone in self._ranks.exits(0):
             self._on_exit(gone)
+        self._exits_told_by_torchrun()
         # The job ended here; the other nodes may still be telling how it ended there (or be
         # found lost): bounded, and at once when every other rank's ending is known.
         self.record.exchange = self._news.finish(sorted(self._ranks.endpoints))
@@ -301,6 +305,29 @@ class NodeAgent:
             told.insert(0, RecordEntry(time=last.time, rank=gone.key, message=last_words))
         for news in told:
             self._news.tell(news)
+
+    def _exits_told_by_torchrun(self) -> None:
+        """Each exit of this node whose status could not be read (torchrun reaped the process
+        before the agent read its zombie), with the status torchrun's failure summary gives
+        for the same pid, read from the job's stderr as the record keeps it. The job's end line,
+        the viewers, the other nodes and ``job.json`` then say what ``doctor`` reads."""
+        with self._lock:
+            unknown = {rank: view.exit for rank, view in self.model.ranks.items()
+                       if view.exit is not None and rank not in self._remote_ranks
+                       and view.exit.exit_code is None and not view.exit.signal}
+        console = jobrecord.job_dir(self.job_id) / CONSOLE_FILE
+        if not unknown or not console.is_file():
+            return
+        try:
+            failures = read_torchrun_log(console)  # capped: its last MAX_LOG_BYTES
+        except DdptopError as exc:
+            log.warning("ddptop agent: %s", exc)
+            return
+        for failure in failures:
+            if failure.rank in unknown:
+                for told in exit_told(unknown[failure.rank], failure):
+                    self._take(told)
+                    self._news.tell(told)
 
     def _remote(self, event: Frame) -> None:
         """What another node's agent told (its ranks' endings, stuck reports, a lost node) and

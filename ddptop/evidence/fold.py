@@ -74,7 +74,7 @@ def fold_evidence(dumps: Iterable[RankDump], failures: Iterable[RankFailure], *,
         if rank in known:
             events += _added_to(known[rank], by_rank.get(rank), failed.get(rank))
             if rank in exits and rank in failed:
-                events += _exit_told(exits[rank], failed[rank])
+                events += exit_told(exits[rank], failed[rank])
         else:
             events += _rank_events(rank, by_rank.get(rank), failed.get(rank), job_id, world)
     hosts = sorted({d.host for d in by_rank.values() if d.host} | {f.host for f in failed.values() if f.host})
@@ -114,9 +114,10 @@ def _last_exits(contents: Contents) -> dict[int, RankExit]:
     return out
 
 
-def _exit_told(exit: RankExit, failure: RankFailure) -> list[Event]:
+def exit_told(exit: RankExit, failure: RankFailure) -> list[RankExit]:
     """The recorded *exit*, if its status is unknown, with the status torchrun's log gives
-    for the same process (an exit after it, at the same time, so the model takes it)."""
+    for the same process (an exit after it, at the same time, so the model takes it). The
+    node agent asks it too, as the job ends (``NodeAgent.finish``)."""
     if exit.exit_code is not None or exit.signal or (failure.exit_code is None and not failure.signal):
         return []
     if failure.pid and exit.pid and failure.pid != exit.pid:
