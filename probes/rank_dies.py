@@ -14,7 +14,8 @@ The ways of dying that a post-mortem must tell apart, chosen by PROBE_DEATH:
 * ``sigkill``: that rank SIGKILLs itself right after that step, between two 1 Hz samples:
   only its progress page tells the step it died at;
 * ``leak``: that rank allocates memory without end, as a leak would, until the OOM killer
-  of the memory cgroup it runs in kills it (SIGKILL, no last words).
+  of the memory cgroup it runs in kills it (SIGKILL, no last words); with PROBE_LEAK_AFTER
+  (a file name) it waits for that file to exist before it leaks.
 
 Two more faults that a rank survives:
 
@@ -143,7 +144,13 @@ def plant(rank: int, step: int, end: float) -> None:
         wedge(rank, step)
         return
     if DEATH == "leak":
-        # Leak until the kernel's OOM killer ends it (run inside a memory cgroup), bounded.
+        # Leak until the kernel's OOM killer ends it (run inside a memory cgroup), bounded;
+        # with PROBE_LEAK_AFTER, once that file exists (a test readies itself first).
+        hold = os.environ.get("PROBE_LEAK_AFTER", "")
+        if hold:
+            print(f"rank {rank}: step {step}: ready to leak (pid {os.getpid()})", flush=True)
+            while not os.path.exists(hold) and time.monotonic() < end:
+                time.sleep(0.05)
         print(f"rank {rank}: step {step}: leaking memory (pid {os.getpid()})", flush=True)
         hoard = []
         while time.monotonic() < end:

@@ -4,7 +4,8 @@ and a real job in a mount namespace with a 2 MB /dev/shm.
 The test makes a memory cgroup of its own (cgroup v1 here, v2 where that is what the machine
 has), starts ``ddptop launch -- torchrun`` inside it, and lets one rank leak until the
 kernel's OOM killer ends it. After the job ended, ``ddptop doctor --json JOB`` must say
-"killed by the OOM killer" with the cgroup's limit, not guess at a SIGKILL from outside.
+"killed by the OOM killer" with the cgroup's limit, not guess at a SIGKILL from outside:
+as it comes, and when torchrun reaped the rank before the node agent could read it.
 The cgroup is removed whatever happens; where it cannot be made the test skips, saying why.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import time
 import uuid
@@ -67,10 +70,18 @@ def memory_cgroup() -> Iterator[Path]:
         assert not path.exists(), f"cgroup {path} left behind"
 
 
-def test_oom_kill_named_from_the_kernels_word(job_runner: JobRunner, memory_cgroup: Path) -> None:
+@pytest.mark.parametrize("agent_held", [False, True], ids=["as-it-comes", "reaped-first"])
+def test_oom_kill_named_from_the_kernels_word(job_runner: JobRunner, memory_cgroup: Path,
+                                              agent_held: bool) -> None:
+    """With ``agent_held``, the node agent is held stopped (SIGSTOP of ``ddptop launch``, never
+    of a rank) while the rank leaks, is OOM-killed and reaped by torchrun: the agent cannot
+    read its wait status (seen in CI on a loaded machine), so it must ask the kernel's and the
+    cgroup's record of an OOM kill for that exit of unknown status."""
     job_id = f"oom{uuid.uuid4().hex[:6]}"
+    release = job_runner.tmp / "leak-now"
+    held = {"PROBE_LEAK_AFTER": str(release)} if agent_held else {}
     env = job_runner.env({"PROBE_DEATH": "leak", "PROBE_DIE_RANK": "1", "PROBE_DIE_AT_STEP": "5",
-                          "PROBE_SECONDS": "60"})
+                          "PROBE_SECONDS": "60", **held})
     torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(PROBES / "rank_dies.py")]
     launch = ddptop_cmd("launch", "--job-id", job_id, "--interval", "0.25", "--", *torchrun)
     script = f'echo $$ > {memory_cgroup / "cgroup.procs"} && exec "$@"'
@@ -79,6 +90,8 @@ def test_oom_kill_named_from_the_kernels_word(job_runner: JobRunner, memory_cgro
         proc = subprocess.Popen(["sh", "-c", script, "sh", *launch], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        if agent_held:
+            _hold_the_agent_while_the_rank_dies(proc.pid, job_id, log, release, env)
         proc.wait(timeout=150)
     finally:
         stop_tree(proc)
@@ -93,6 +106,35 @@ def test_oom_kill_named_from_the_kernels_word(job_runner: JobRunner, memory_cgro
     assert lost["ranks"][0] == 1, lost
     assert "killed by the OOM killer" in lost["title"] and "cgroup limit 1.5G" in lost["title"], lost
     assert "\n" not in lost["title"]
+
+
+def _hold_the_agent_while_the_rank_dies(agent: int, job_id: str, log: Path, release: Path,
+                                        env: dict[str, str]) -> None:
+    """Stop the agent once it watches rank 1, let rank 1 leak, and let the agent go on only
+    after torchrun reaped it (its /proc entry gone)."""
+    pids: list[int] = []
+
+    def ready() -> bool:
+        found = re.search(r"rank 1: step \d+: ready to leak \(pid (\d+)\)", log.read_text(errors="replace"))
+        if found:
+            pids.append(int(found.group(1)))
+        return bool(found)
+
+    wait_until(ready, 120.0, "rank 1 ready to leak")
+    wait_until(lambda: 1 in _ranks_in_job_json(job_id, env), 60.0, "the agent to know rank 1")
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        release.touch()
+        wait_until(lambda: not os.path.exists(f"/proc/{pids[0]}"), 60.0, "rank 1 OOM-killed and reaped")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+
+
+def _ranks_in_job_json(job_id: str, env: dict[str, str]) -> set[int]:
+    res = subprocess.run(ddptop_cmd("jobs", "--json"), env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    rows = [r for r in json.loads(res.stdout or "{}").get("jobs", []) if r["job_id"] == job_id]
+    return {o["rank"] for row in rows for o in row.get("outcome", [])}
 
 
 def test_full_dev_shm_named_with_its_size(job_runner: JobRunner) -> None:
