@@ -89,10 +89,11 @@ def let_go(tensor: torch.Tensor, device: torch.device, limit_s: float = 30.0) ->
     healthy probe, none of 140 with this wait). Holding the tensor until it is ours alone
     makes the worker's drop a plain decrement. Only gloo: the wait is for its worker thread.
     """
-    if device.type != "cpu":
+    use_count = getattr(tensor, "_use_count", None)  # torch's, private: a torch without it waits not
+    if device.type != "cpu" or use_count is None:
         return
     give_up = time.monotonic() + limit_s
-    while tensor._use_count() > 1 and time.monotonic() < give_up:
+    while use_count() > 1 and time.monotonic() < give_up:
         time.sleep(0.0005)  # the condition is the worker's drop; it comes within microseconds
 
 
