@@ -85,9 +85,11 @@ def let_go(tensor: torch.Tensor, device: torch.device, limit_s: float = 30.0) ->
     in 1-57% of calls (2 ranks on 2 cores). When this Python object goes first, the worker's
     late drop needs the GIL; if the interpreter is finalizing by then, the thread exits inside
     a C++ destructor and the rank aborts at exit ("terminate called without an active
-    exception", SIGABRT, after the job's last step: 2 of 94 plain torchrun runs of the
-    healthy probe, none of 140 with this wait). Holding the tensor until it is ours alone
+    exception", SIGABRT, after the job's last step: 2 of about 94 plain torchrun runs of the
+    healthy probe, none of 260 with this wait). Holding the tensor until it is ours alone
     makes the worker's drop a plain decrement. Only gloo: the wait is for its worker thread.
+    (Under ddptop the reporter's pause before ``destroy_process_group``, for a related exit
+    deadlock, mostly hid this: see ``reporter/progress._patch_teardown``.)
     """
     use_count = getattr(tensor, "_use_count", None)  # torch's, private: a torch without it waits not
     if device.type != "cpu" or use_count is None:
