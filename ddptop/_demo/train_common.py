@@ -73,11 +73,11 @@ def stop_together(end: float, device: torch.device) -> bool:
     """
     flag = torch.tensor([1.0 if time.monotonic() > end else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    let_go(flag, device)
+    let_go(flag)
     return bool(flag.item() > 0)
 
 
-def let_go(tensor: torch.Tensor, device: torch.device, limit_s: float = 30.0) -> None:
+def let_go(tensor: torch.Tensor, limit_s: float = 30.0) -> None:
     """Wait (bounded) until gloo's worker thread has let go of *tensor*, after its collective.
 
     gloo marks a collective done before its worker thread drops its own references to the
@@ -92,7 +92,7 @@ def let_go(tensor: torch.Tensor, device: torch.device, limit_s: float = 30.0) ->
     deadlock, mostly hid this: see ``reporter/progress._patch_teardown``.)
     """
     use_count = getattr(tensor, "_use_count", None)  # torch's, private: a torch without it waits not
-    if device.type != "cpu" or use_count is None:
+    if tensor.device.type != "cpu" or use_count is None:
         return
     give_up = time.monotonic() + limit_s
     while use_count() > 1 and time.monotonic() < give_up:
