@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # Two cores: two pytest workers keep torchrun jobs from starving each other.
 WORKERS ?= 2
 
-.PHONY: venv demo test lint typecheck contracts unit bench mutation screenshots clean sysdeps
+.PHONY: venv demo test lint typecheck contracts unit bench mutation screenshots clean sysdeps dist
 
 # Services some tests start for real (a one-node SLURM cluster: tests/slurm.py), installed
 # from Debian's packages where this runs as root with apt; elsewhere those tests skip and
@@ -59,8 +59,14 @@ mutation: $(STAMP)
 	test -x $(BIN)/mutmut || $(BIN)/python -m pip install -q -e ".[mutation]"
 	$(BIN)/python bench/mutation.py --sample $(MUTATION_SAMPLE) --budget-s $(MUTATION_BUDGET) --survivors
 
+# The sdist and the wheel in dist/ (the wheel is built from the sdist, so a file the sdist
+# lacks fails here). Install the wheel where there is no checkout: README.md, "Install".
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
 screenshots: $(STAMP)
 	$(BIN)/python screenshots/generate.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist build

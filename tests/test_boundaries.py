@@ -193,7 +193,7 @@ def test_launch_imports_prometheus_client_only_to_serve_metrics() -> None:
 
 
 def test_the_wheel_ships_what_runs_without_a_checkout(tmp_path: Path) -> None:
-    """`pip install ddptop` then `ddptop demo`, `ddptop launch`: the demo's job, the injected
+    """`pip install ./ddptop` then `ddptop demo`, `ddptop launch`: the demo's job, the injected
     sitecustomize, the node agent and the styles are in the wheel (built from a copy of the
     tracked files, so the checkout is never written)."""
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60,
