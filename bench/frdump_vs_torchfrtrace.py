@@ -1,35 +1,55 @@
-"""ddptop doctor and PyTorch's torchfrtrace, side by side, on Flight Recorder dump sets.
+"""ddptop doctor, PyTorch's torchfrtrace and NVIDIA's FR attribution, side by side, on Flight Recorder dumps.
 
-Real sets first: each scenario of ``probes/fr_dumps.py`` (a real 4-rank gloo job under
-torchrun, dumps written by torch's own serialiser) with its planted culprit. Then a
-generated set of 1024 ranks x 2000 entries in the shape torch writes (every entry with its
-own frames), rank 517 stopped one collective short. For each tool: the culprit ranks it
-named, healthy ranks it named, lines of output, seconds (and ddptop's peak RSS).
+Sets, each with its known culprits and healthy ranks:
 
-Run: ``python bench/frdump_vs_torchfrtrace.py [--ranks 1024 --entries 2000] [--sets DIR ...]``
-(a DIR of your own dumps is run by both tools; with no known culprit, "named" is listed).
+* real: each scenario of ``probes/fr_dumps.py`` (a real 4-rank gloo job under torchrun, dumps written by
+  torch's own serialiser) with its planted culprit;
+* moe: the generated MoE dump sets in ``tests/data/fr_moe/<scenario>/`` (truth in ``truth.json`` there);
+* log: the real logs in ``tests/data/logs/*.log`` (truth in ``truth.json`` there), read by ddptop only;
+* generated: 1024 ranks x 2000 entries in the shape torch writes (every entry with its own frames),
+  rank 517 stopped one collective short, pickled and as JSON (not with ``--quick``).
+
+The first table has, per set and tool (ddptop, torchfrtrace, nvrx = ``nvidia-resiliency-ext``'s
+``fr_attribution``): the culprits it named, healthy ranks it named, lines of output, seconds (and ddptop's
+peak RSS). The second: true and false positives per set and tool, recall and precision per tool. How each
+tool's answer is read, and how NVIDIA's package is installed (its own venv under
+``~/.cache/ddptop-bench/nvrx``, never the project's .venv): ``bench/frtools.py``; the scoring:
+``bench/frsets.py``.
+
+Run: ``.venv/bin/python bench/frdump_vs_torchfrtrace.py [--quick] [--ranks 1024 --entries 2000]
+[--nvrx-src DIR] [--sets DIR ...]``. ``--quick`` skips the generated sets and reuses the real sets an
+earlier run kept in ``~/.cache/ddptop-bench/real`` for the same probe and torch (about a minute then);
+``--nvrx-src`` runs NVIDIA's attribution from a source checkout of nvidia-resiliency-ext where the wheel
+pip finds has none (it ships from 0.5.0); a DIR of your own dumps is run by the three tools (with no known
+culprit, "named" is listed).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
+import importlib.metadata
 import json
 import os
 import pickle
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from frsets import Case, log_cases, moe_cases, pr_table, ranks_text
+from frtools import PREFIX, Nvrx, Run, dump_ranks, prepare_nvrx, run_ddptop, run_nvrx, run_torchfrtrace
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCENARIOS = {"skip": {1}, "op": {2}, "killed": {1}, "subgroup": {1}}
-PREFIX = "comm_lib_trace_rank_"
-FRTRACE_TIMEOUT_S = float(os.environ.get("BENCH_FRTRACE_TIMEOUT", "600"))
+REAL_WORLD = 4
+FR_TOOLS = ["ddptop", "torchfrtrace", "nvrx"]
+REAL_CACHE = Path(os.environ.get("BENCH_REAL_CACHE", Path.home() / ".cache" / "ddptop-bench" / "real"))
 
 
 def make_real(scenario: str, folder: Path) -> None:
@@ -93,130 +113,135 @@ def make_generated(folder: Path, ranks: int, entries: int, culprit: int, templat
             (folder / f"{PREFIX}{rank}").write_bytes(pickle.dumps(dump, protocol=2))
 
 
-# ddptop's own peak RSS, and its reading processes' (a large set is read on several):
-# RUSAGE_CHILDREN of the bench would include the probes' torch ranks.
-MEASURED = """
-import resource, runpy, sys
-sys.argv = ["ddptop", *sys.argv[1:]]
-code = 0
-try:
-    runpy.run_module("ddptop", run_name="__main__")
-except SystemExit as exc:
-    code = exc.code
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-sys.stderr.write(f"\\nMAXRSS_KB {own} {kids}\\n")
-sys.exit(code)
-"""
-
-
-def run_ddptop(folder: Path) -> dict[str, object]:
-    began = time.monotonic()
-    res = subprocess.run([sys.executable, "-c", MEASURED, "doctor", "--json", str(folder)],
-                         capture_output=True, text=True, timeout=600, check=False)
-    seconds = time.monotonic() - began
-    found = re.search(r"MAXRSS_KB (\d+) (\d+)", res.stderr)
-    rss_mb = max(int(found.group(1)), int(found.group(2))) / 1024 if found else 0.0
-    plain = subprocess.run([sys.executable, "-m", "ddptop", "doctor", str(folder)], capture_output=True,
-                           text=True, timeout=600, check=False, env={**os.environ, "COLUMNS": "120"})
-    try:
-        findings = json.loads(res.stdout)["findings"]
-    except (ValueError, KeyError):
-        return {"named": None, "lines": 0, "seconds": seconds, "note": res.stderr.strip()[-120:]}
-    named = {r for f in findings if f["severity"] != "info" for r in f["ranks"]}
-    return {"named": named, "lines": len(plain.stdout.splitlines()), "seconds": seconds, "rss_mb": rss_mb,
-            "note": ""}
-
-
-def run_torchfrtrace(folder: Path, world: int) -> dict[str, object]:
-    exe = shutil.which("torchfrtrace", path=str(BIN))
-    if exe is None:
-        return {"named": None, "lines": 0, "seconds": 0.0, "note": "torchfrtrace not installed"}
-    began = time.monotonic()
-    try:
-        res = subprocess.run(
-            [exe, str(folder), "-p", PREFIX, "--allow-incomplete-ranks"],
-            capture_output=True,
-            text=True,
-            timeout=FRTRACE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"named": None, "lines": 0, "seconds": FRTRACE_TIMEOUT_S,
-                "note": f"timed out after {FRTRACE_TIMEOUT_S:g} s"}
-    seconds = time.monotonic() - began
-    out = res.stdout + res.stderr
-    if res.returncode != 0:
-        last = [ln for ln in out.splitlines() if ln.strip()][-1:] or ["?"]
-        return {
-            "named": None,
-            "lines": len(out.splitlines()),
-            "seconds": seconds,
-            "note": f"failed: {last[0][:80]}",
-        }
-    named = {int(n) for n in re.findall(r"\b[Rr]anks?\D{0,3}(\d{1,5})\b", out) if int(n) < world}
-    return {"named": named, "lines": len(out.splitlines()), "seconds": seconds, "note": ""}
-
-
-def row(name: str, tool: str, result: dict[str, object], culprit: set[int] | None) -> str:
-    named = result["named"]
-    if named is None:
-        found, healthy = "-", "-"
+def row(name: str, tool: str, run: Run, culprit: set[int] | None, healthy: set[int] | None = None) -> str:
+    if run.named is None:
+        found, named_healthy = "-", "-"
     elif culprit is None:
-        found, healthy = f"named {sorted(named)[:8]}", "?"  # type: ignore[call-overload]
+        found, named_healthy = f"named {ranks_text(run.named)}", "?"
     else:
-        found = f"{len(culprit & named)}/{len(culprit)}"  # type: ignore[operator]
-        healthy = str(len(named - culprit))  # type: ignore[operator]
-    rss = f"{result['rss_mb']:.0f}" if "rss_mb" in result else "-"
-    return (
-        f"| {name} | {tool} | {found} | {healthy} | {result['lines']} | {result['seconds']:.2f} | {rss} | "
-        f"{result['note']} |"
-    )
+        found = f"{len(culprit & run.named)}/{len(culprit)}"
+        named_healthy = str(len(run.named & healthy) if healthy is not None else len(run.named - culprit))
+    rss = f"{run.rss_mb:.0f}" if run.rss_mb is not None else "-"
+    return (f"| {name} | {tool} | {found} | {named_healthy} | {run.lines} | {run.seconds:.2f} | {rss} | "
+            f"{run.note} |")
+
+
+def fr_runs(folder: Path, nv: Nvrx) -> list[tuple[str, Run]]:
+    """The three tools on one folder of dumps, one after the other (their seconds are not shared)."""
+    return [("ddptop", run_ddptop(folder)), ("torchfrtrace", run_torchfrtrace(folder)),
+            ("nvrx", run_nvrx(nv, folder))]
+
+
+def complete(case: Case) -> bool:
+    """Every healthy rank of a real set dumped (its culprit may not have)."""
+    return case.target.is_dir() and (case.healthy or set()) <= dump_ranks(case.target)[1]
+
+
+def make_real_sets(tmp: Path, reuse: bool) -> list[Case]:
+    """The probe's scenarios, two jobs at a time (the machine this was written on has two cores). With
+    *reuse*, sets this bench made before with the same probe and torch are taken from REAL_CACHE."""
+    probe = (ROOT / "probes" / "fr_dumps.py").read_bytes()
+    torch = importlib.metadata.version("torch")
+    cache = REAL_CACHE / f"torch-{torch}-{hashlib.sha256(probe).hexdigest()[:12]}"
+    cases = []
+    for scenario, culprit in SCENARIOS.items():
+        healthy = set(range(REAL_WORLD)) - culprit
+        name = f"{scenario} (real, {REAL_WORLD} ranks)"
+        cases.append(Case(name, "real", cache / scenario, culprit, healthy, REAL_WORLD))
+    if reuse and all(map(complete, cases)):
+        print(f"<!-- {len(cases)} real sets reused from {cache} -->", flush=True)
+        return cases
+    for case in cases:
+        case.target = tmp / case.target.name
+        case.target.mkdir()
+    began = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda c: make_real(c.target.name, c.target), cases))
+    print(f"<!-- {len(cases)} real sets made in {time.monotonic() - began:.0f} s -->", flush=True)
+    if all(map(complete, cases)):
+        shutil.rmtree(cache, ignore_errors=True)
+        for case in cases:  # every healthy rank dumped: worth keeping for --quick
+            shutil.copytree(case.target, cache / case.target.name)
+    return cases
+
+
+def versions(nv: Nvrx) -> str:
+    torch = importlib.metadata.version("torch")
+    nvrx = nv.label or f"n/a: {nv.why}"
+    return f"<!-- torch {torch} (torchfrtrace), {nvrx} (nvrx, python {sys.version.split()[0]}) -->"
+
+
+def generated(tmp: Path, fmt: str, ranks: int, entries: int, template: dict[str, object],
+              nv: Nvrx) -> tuple[Case, list[tuple[str, Run]]]:
+    """Make the big set in *fmt*, run the tools on it, remove it."""
+    folder = tmp / f"generated-{fmt}"
+    folder.mkdir()
+    culprit = ranks // 2 + 5
+    began = time.monotonic()
+    make_generated(folder, ranks, entries, culprit, template, fmt)
+    size = sum(p.stat().st_size for p in folder.iterdir()) >> 20
+    print(f"<!-- generated {ranks} x {entries} {fmt} ({size} MiB) in {time.monotonic() - began:.0f} s -->")
+    name = f"generated {ranks} x {entries}, {fmt}, {size} MiB"
+    case = Case(name, "generated", folder, {culprit}, set(range(ranks)) - {culprit}, ranks)
+    runs = fr_runs(folder, nv)
+    shutil.rmtree(folder)
+    return case, runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="skip the generated sets, reuse real sets made before (same probe and torch)")
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--sets", nargs="*", default=[], help="folders of real dumps of your own")
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--formats", default="pickle,json", help="formats of the generated set")
+    parser.add_argument("--moe", type=Path, default=ROOT / "tests" / "data" / "fr_moe")
+    parser.add_argument("--logs", type=Path, default=ROOT / "tests" / "data" / "logs")
+    parser.add_argument("--nvrx-sets", type=Path, default=ROOT / "tests" / "data" / "nvrx_fr")
+    parser.add_argument("--nvrx-src", type=Path, help="a source checkout of nvidia-resiliency-ext to run")
     args = parser.parse_args()
+    nv = prepare_nvrx(args.nvrx_src)
+    print(versions(nv))
     print("| set | tool | culprits found | healthy ranks named | lines | seconds | peak RSS MB | note |")
     print("|---|---|---|---|---|---|---|---|")
+    results: list[tuple[Case, str, Run]] = []
+    notes: list[str] = []
+
+    def report(case: Case, runs: list[tuple[str, Run]]) -> None:
+        for tool, run in runs:
+            results.append((case, tool, run))
+            print(row(case.name, tool, run, case.culprits, case.healthy), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="frbench-") as tmp:
         template: dict[str, object] | None = None
-        for scenario, culprit in [] if args.skip_real else SCENARIOS.items():
-            folder = Path(tmp) / scenario
-            folder.mkdir()
-            make_real(scenario, folder)
-            if template is None and (folder / f"{PREFIX}0").exists():
-                template = pickle.loads((folder / f"{PREFIX}0").read_bytes())
-            for tool, result in (
-                ("ddptop", run_ddptop(folder)),
-                ("torchfrtrace", run_torchfrtrace(folder, 4)),
-            ):
-                print(row(f"{scenario} (real, 4 ranks)", tool, result, culprit), flush=True)
+        for case in [] if args.skip_real else make_real_sets(Path(tmp), args.quick):
+            if template is None and (case.target / f"{PREFIX}0").exists():
+                template = pickle.loads((case.target / f"{PREFIX}0").read_bytes())
+            report(case, fr_runs(case.target, nv))
         for path in args.sets:
-            folder = Path(path)
-            for tool, result in (
-                ("ddptop", run_ddptop(folder)),
-                ("torchfrtrace", run_torchfrtrace(folder, 1 << 16)),
-            ):
-                print(row(folder.name, tool, result, None), flush=True)
-        for fmt in args.formats.split(",") if template is not None and args.ranks else []:
-            folder = Path(tmp) / f"generated-{fmt}"
-            folder.mkdir()
-            culprit = args.ranks // 2 + 5
-            began = time.monotonic()
-            make_generated(folder, args.ranks, args.entries, culprit, template, fmt)
-            size = sum(p.stat().st_size for p in folder.iterdir()) >> 20
-            took = time.monotonic() - began
-            print(f"<!-- generated {args.ranks} x {args.entries} {fmt} ({size} MiB) in {took:.0f} s -->")
-            name = f"generated {args.ranks} x {args.entries}, {fmt}, {size} MiB"
-            print(row(name, "ddptop", run_ddptop(folder), {culprit}), flush=True)
-            print(row(name, "torchfrtrace", run_torchfrtrace(folder, args.ranks), {culprit}), flush=True)
-            shutil.rmtree(folder)
+            report(Case(Path(path).name, "own", Path(path), None, None), fr_runs(Path(path), nv))
+        moe, why = moe_cases(args.moe)
+        notes += why
+        nvrx_sets, why = moe_cases(args.nvrx_sets, family="nvrx")
+        notes += why
+        for case in [*moe, *nvrx_sets]:
+            report(case, fr_runs(case.target, nv))
+        logs, why = log_cases(args.logs)
+        notes += why
+        began = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:  # ddptop only; its seconds here are not compared
+            runs = list(pool.map(lambda c: run_ddptop(c.target, plain=False), logs))
+        results += [(case, "ddptop", run) for case, run in zip(logs, runs, strict=True)]
+        print(f"<!-- {len(logs)} log(s) run by ddptop only in {time.monotonic() - began:.0f} s: "
+              "scored in the next table -->", flush=True)
+        for fmt in args.formats.split(",") if template is not None and args.ranks and not args.quick else []:
+            report(*generated(Path(tmp), fmt, args.ranks, args.entries, template, nv))
+    for note in notes:
+        print(f"<!-- {note} -->")
+    print()
+    print("\n".join(pr_table(results, FR_TOOLS)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,16 @@ from hypothesis import HealthCheck, settings
 
 from ddptop.testing.synthetic import SyntheticProcess
 from tests.jobs import JobRunner
+from tests.story_check import checked
 from tests.watched import Watched
+
+
+@pytest.fixture(autouse=True)
+def _one_story_in_every_diagnosis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every diagnosis made in a test's process tells one story (tests/story_check.py)."""
+    from ddptop.diagnosis import engine
+
+    monkeypatch.setattr(engine, "one_story", checked(engine.one_story))
 
 SNAPSHOT_REPORT_DEFAULT = "snapshot_report.html"  # pytest-textual-snapshot's --snapshot-report
 

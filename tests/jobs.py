@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddptop.proctree import stop_tree
+from tests.story_check import assert_one_story_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "probes"
@@ -72,9 +73,13 @@ class RunningJob:
     started: float = field(default_factory=time.monotonic)
 
     def run_cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        """Run a ddptop verb against this job's runtime dir (bounded)."""
-        return subprocess.run(ddptop_cmd(*args), env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        """Run a ddptop verb against this job's runtime dir (bounded); the findings of
+        `doctor --json` are held to the one-story property (tests/story_check.py)."""
+        res = subprocess.run(ddptop_cmd(*args), env=self.env, capture_output=True, text=True,
+                             timeout=timeout, check=False)
+        if args[:1] == ("doctor",) and "--json" in args:
+            assert_one_story_json(res.stdout)
+        return res
 
     def snapshot(self, timeout: float = 30.0) -> dict[str, Any]:
         """`ddptop snapshot --json JOB` parsed (raises with stderr if it printed nothing)."""

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ddptop.diagnosis import DiagnosisConfig, diagnose
-from ddptop.diagnosis.rules_last_words import gloo_size_mismatch, watchdog_timeout
+from ddptop.diagnosis.rules_last_words import gloo_size_mismatch
+from ddptop.diagnosis.rules_watchdog import watchdog_timeout
 from ddptop.model.snapshot import build_snapshot
 from ddptop.protocol import CollectiveGroup, LoaderInfo, PendingOp, RankState
 from tests.jobs import ddptop_cmd
@@ -93,7 +94,9 @@ def test_watchdog_names_the_rank_that_never_reached_the_op_or_the_op_itself() ->
     assert said in f.evidence, f.evidence
     every = [ended(r, watchdog(r, 12, "ALLREDUCE", 1), status="crashed") for r in range(4)]
     (g,) = findings(every)
-    assert (g.kind, g.ranks) == ("collective_stall", [0, 1, 2, 3]) and "never completed" in g.title
+    # Every rank in the same op: the collective is named, no rank (they are all its victims).
+    assert (g.kind, g.ranks, g.victims) == ("collective_stall", [], [0, 1, 2, 3])
+    assert "never completed" in g.title
 
 
 def test_no_last_words_about_collectives_no_finding_and_the_engine_runs_them() -> None:

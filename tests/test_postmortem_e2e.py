@@ -174,15 +174,24 @@ def test_dataloader_worker_segfault(job_runner: JobRunner) -> None:
     assert ended[2]["status"] == "crashed" and ended[2]["signal"] != "SIGSEGV", ended[2]
 
 
-def test_skipped_collective_names_the_skipping_rank(job_runner: JobRunner) -> None:
+@pytest.mark.parametrize("skip", [1, 2])
+def test_skipped_collective_names_the_skipping_rank_as_one_story(job_runner: JobRunner, skip: int) -> None:
+    """#33's "two stories": a rank skips a metric all_reduce; gloo aborts a peer that receives
+    the skipper's gradient bucket. One lead names the skipper; the aborted rank is its victim,
+    and no other finding of warning or worse blames another rank ("rank 1 failed first")."""
     job = job_runner.start("skipped_collective", nproc=4, interval=INTERVAL,
-                           env={"PROBE_SKIP_RANK": "1", "PROBE_SKIP_AT_STEP": "10"})
-    step = int(job.wait_log(r"rank 1: step (\d+): skipping the metric all_reduce", timeout=60).group(1))
+                           env={"PROBE_SKIP_RANK": str(skip), "PROBE_SKIP_AT_STEP": "10"})
+    step = int(job.wait_log(rf"rank {skip}: step (\d+): skipping the metric all_reduce", timeout=60).group(1))
     findings = ended_doctor(job)
     f = first(findings)
     # On gloo a victim aborts first; the cause is the rank whose collectives diverged.
-    assert (f["kind"], f["ranks"], f["step"]) == ("collective_mismatch", [1], step), findings
+    assert (f["kind"], f["ranks"], f["step"]) == ("collective_mismatch", [skip], step), findings
     assert "all_reduce" in f["title"], f
+    for g in findings:
+        if g["severity"] != "info" and g.get("certain", True):
+            assert set(g["ranks"]) - set(g.get("victims", [])) <= {skip}, (g, findings)
+    aborted = {r for r, o in outcomes(job).items() if o.get("signal") == "SIGABRT"}
+    assert aborted and aborted <= set(f["victims"]) and skip not in aborted, (aborted, f)
 
 
 def test_install_without_launcher_keeps_a_black_box_too(job_runner: JobRunner) -> None:

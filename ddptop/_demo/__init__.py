@@ -2,6 +2,6 @@
 
 ``unseeded_split.py`` (failure F5 of the catalog) is started by ``ddptop demo`` as a script
 under ``ddptop launch -- torchrun``, so an installed ddptop (``pip install ./ddptop``, or
-its wheel) runs ``ddptop demo`` without a source checkout. Needs torch; nothing in ddptop imports this package (the probes
-of the test suite share its helpers, ``train_common``).
+its wheel) runs ``ddptop demo`` without a source checkout. Needs torch; nothing in ddptop
+imports this package (the probes of the test suite share its helpers, ``train_common``).
 """

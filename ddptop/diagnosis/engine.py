@@ -7,17 +7,21 @@ from collections.abc import Callable, Mapping
 
 from ddptop.diagnosis import (
     rules_collectives,
+    rules_divergence,
     rules_identity,
     rules_last_words,
     rules_postmortem,
     rules_progress,
+    rules_reports,
     rules_system,
     rules_unresponsive,
+    rules_watchdog,
     rules_wavefront,
 )
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
 from ddptop.diagnosis.memo import one_diagnosis
+from ddptop.diagnosis.story import one_story
 from ddptop.model.pace import give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import Sample
@@ -30,11 +34,13 @@ Rule = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], 
 # that ran a different collective comes before the rank that died of it (on gloo the victim
 # of a mismatch often aborts first).
 RULES: tuple[Rule, ...] = (
+    rules_reports.desync_report,  # PyTorch's own comparison of every rank: the strongest evidence
+    rules_reports.fingerprint_mismatch,
     rules_wavefront.collective_wavefront,
     rules_collectives.collective_mismatch,
     rules_last_words.gloo_size_mismatch,
-    rules_last_words.watchdog_timeout,
-    rules_postmortem.collective_divergence,
+    rules_watchdog.watchdog_timeout,
+    rules_divergence.collective_divergence,
     rules_postmortem.node_lost,
     rules_postmortem.rank_lost,
     rules_unresponsive.rank_unresponsive,
@@ -84,5 +90,7 @@ def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
                     log.exception("diagnosis rule %s failed", getattr(rule, "__name__", rule))
                     continue
             found += [(index, f) for f in by_rule[rule]]
+    found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
+    found = one_story(found)  # one lead per event; what followed from it, told as its spread
     found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
     return [f for _, f in found], by_rule

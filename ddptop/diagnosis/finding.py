@@ -32,6 +32,9 @@ class Finding(msgspec.Struct, kw_only=True):
     remedy: str = ""  # what to change
     since: float | None = None  # wall clock the condition was first seen, when known
     step: int | None = None  # the culprit's optimizer step when it happened, when known
+    # Added in 0.1.0's desync work (#33); older readers ignore them:
+    certain: bool = True  # False: the evidence cannot tell which of ``ranks`` is the cause ("cannot tell")
+    victims: list[int] = []  # ranks that failed or waited *because of* the cause: never the cause
 
     def at_least(self, severity: str) -> bool:
         """True if this finding is *severity* or worse."""

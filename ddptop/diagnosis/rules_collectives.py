@@ -15,6 +15,7 @@ from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, 
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
+from ddptop.diagnosis.op_semantics import Signature, is_p2p, signature
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
@@ -28,7 +29,7 @@ class _Entry(NamedTuple):  # a tuple: thousands per diagnosis in a hang, a froze
     rank: int
     op: PendingOp
     age: float
-    key: tuple[str, str]  # _key(op), made once: in a hang every rank has one, compared several times
+    key: Signature  # signature(op), made once: in a hang every rank has one, compared several times
 
 
 def _pending_by_seq(states: list[RankState], pg: str, now: float) -> dict[int, list[_Entry]]:
@@ -44,10 +45,10 @@ def _collect_pending(states: list[RankState], pg: str, now: float) -> dict[int, 
             continue
         since_sample = max(0.0, now - s.time)
         for op in g.pending:
-            # op_age and _key inline: in a hang this runs for every rank
-            age = op.age_s + since_sample if s.time else op.age_s
-            key = (op.op, repr(op.sizes) if op.sizes else "")
-            out.setdefault(op.seq, []).append(_Entry(s.rank, op, age, key))
+            if is_p2p(op):
+                continue  # a send and its recv differ by design: pairs, not a collective
+            age = op.age_s + since_sample if s.time else op.age_s  # op_age inline: every rank in a hang
+            out.setdefault(op.seq, []).append(_Entry(s.rank, op, age, signature(op)))
     return out
 
 
@@ -90,7 +91,7 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
             settled = most > second + unheard
             if not settled and unheard and oldest < config.stall_s:
                 continue
-            sides: dict[tuple[str, str], list[_Entry]] = {}
+            sides: dict[Signature, list[_Entry]] = {}
             for e in entries:
                 sides.setdefault(e.key, []).append(e)
             parts = [f"{ranks_text(e.rank for e in es)} in {es[0].op.op} #{seq}"
@@ -123,7 +124,7 @@ def _waiting_lines(entries: list[_Entry], seq: int) -> list[str]:
     A desync at 32,768 ranks has a line per rank, and the ops and ages repeat: each distinct
     op's text (a function of its name, sizes and dtype) and each age's words are made once.
     """
-    ops: dict[tuple[tuple[str, str], str], str] = {}
+    ops: dict[tuple[Signature, str], str] = {}
     ages: dict[float, str] = {}
     lines: list[str] = []
     for e in sorted(entries, key=lambda e: e.rank):
@@ -145,8 +146,8 @@ def _unheard(states: list[RankState], pg: str, seq: int, entries: list[_Entry]) 
     return max(0, members - len(heard))
 
 
-def _key(op: PendingOp) -> tuple[str, str]:
-    return op.op, repr(op.sizes) if op.sizes else ""
+def _key(op: PendingOp) -> Signature:
+    return signature(op)
 
 
 def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,

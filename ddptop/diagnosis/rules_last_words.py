@@ -1,4 +1,4 @@
-"""The ranks' own last words about their collectives: gloo's size check, NCCL's watchdog.
+"""The ranks' own last words about their collectives: gloo's size check, a lost peer's address.
 
 A collective mismatch often ends a job before any viewer sees two ranks in different ops:
 
@@ -10,12 +10,8 @@ A collective mismatch often ends a job before any viewer sees two ranks in diffe
   C++ within a second), so its side is told by the size it expected and by where its
   progress page left it (an evaluation loader's extra batch); its peers' side by their last
   Flight Recorder read, in their last words.
-* **NCCL**'s watchdog aborts every rank whose collective ran past the timeout, each with
-  ``[Rank R] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=S, OpType=OP,
-  NumelIn=N, NumelOut=M, Timeout(ms)=T) ran for X milliseconds before timing out.``
-  (ProcessGroupNCCL.cpp). Ranks that timed out at the same seq in different ops ran
-  different collectives (``collective_mismatch``, the minority named); ranks of the job that
-  did not time out there are the ones the others waited for (``collective_stall``).
+* **NCCL**'s watchdog lines, PyTorch's desync report and fingerprint check are read by
+  :mod:`ddptop.diagnosis.rules_watchdog` and :mod:`ddptop.diagnosis.rules_reports`.
 
 A victim's "Connection closed by peer [192.0.2.2]:41234" names the address of the rank it
 lost: :func:`lost_peers` joins it to the host and ranks the job's store put there.
@@ -28,21 +24,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
 
 from ddptop.diagnosis.common import ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.op_semantics import Signature, signature
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.textfmt import op_text
 
 GLOO_SIZE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d{1,15}) vs (\d{1,15})")
-WATCHDOG = re.compile(
-    r"\[(?:[^\]\[]{0,200} )?Rank (\d{1,7})\] Watchdog caught collective operation timeout: "
-    r"WorkNCCL\(SeqNum=(\d{1,15}), OpType=(\w{1,40})(?:, NumelIn=(\d{1,15}), NumelOut=(\d{1,15}))?"
-    r"(?:, Timeout\(ms\)=(\d{1,12}))?\) ran for (\d{1,15}) milliseconds")
 MISMATCH_REMEDY = ("every rank must run the same collectives with the same sizes in the same order: "
                    "look for a collective inside a loop whose length differs per rank (evaluation data "
                    "not sharded evenly, an unseeded split) or under a rank-dependent condition")
@@ -59,9 +51,12 @@ def gloo_size_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     rank = min(aborted, key=lambda r: (states[r].exited_at or states[r].time, r))
     got, expected = aborted[rank]
     peers = {s.rank: op for s in snapshot.ranks if s.rank not in aborted and (op := _last_op(s)) is not None}
-    sides: dict[tuple[str, str], list[int]] = defaultdict(list)
+    sides: dict[Signature, list[int]] = defaultdict(list)
     for peer, op in sorted(peers.items()):
-        sides[(op.op, repr(op.sizes))].append(peer)
+        sides[signature(op)].append(peer)
+    sender = _sender(peers, sides, got, expected)
+    if sender is not None:
+        return [_sender_finding(states, rank, got, expected, peers, sides, sender)]
     extra = _extra_eval_batch(states, rank)
     agree = len(sides) == 1 and len(next(iter(sides.values()))) >= 2
     certain = agree or extra is not None
@@ -88,6 +83,52 @@ def gloo_size_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     return [Finding(kind="collective_mismatch", severity="critical", ranks=culprits, title=title[:400],
                     evidence=evidence, remedy=MISMATCH_REMEDY, step=states[rank].step,
                     since=states[rank].exited_at or None)]
+
+
+_DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "double": 8, "float64": 8, "long": 8,
+                "int64": 8, "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2, "byte": 1,
+                "uint8": 1, "char": 1, "int8": 1, "bool": 1}
+
+
+def _nbytes(op: PendingOp) -> int | None:
+    """Bytes of the op's (first) input, where its size and dtype are known."""
+    size = _DTYPE_BYTES.get(op.dtype.lower().removeprefix("torch."))
+    if size is None or not op.sizes or not op.sizes[0]:
+        return None
+    n = 1
+    for d in op.sizes[0][0]:
+        n *= d
+    return n * size
+
+
+def _sender(peers: dict[int, PendingOp], sides: dict[Signature, list[int]], got: int,
+            expected: int) -> list[int] | None:
+    """The peers whose op carries the *got* bytes that aborted a rank expecting *expected*, where
+    the others (with the aborted rank) are in an op of *expected* bytes and outnumber them: the
+    sender ran a different collective; the aborted rank is its victim."""
+    by_bytes = {sig: _nbytes(peers[ranks[0]]) for sig, ranks in sides.items()}
+    senders = [ranks for sig, ranks in sides.items() if by_bytes[sig] == got]
+    expecting = [ranks for sig, ranks in sides.items() if by_bytes[sig] == expected]
+    if len(senders) != 1 or len(expecting) != 1 or len(senders[0]) >= len(expecting[0]) + 1:
+        return None
+    return senders[0]
+
+
+def _sender_finding(states: dict[int, RankState], rank: int, got: int, expected: int,
+                    peers: dict[int, PendingOp], sides: dict[Signature, list[int]],
+                    sender: list[int]) -> Finding:
+    with_rank = [*sorted(r for side in sides.values() if side != sender for r in side), rank]
+    theirs, ours = peers[sender[0]], peers[next(r for r in with_rank if r in peers)]
+    evidence = [f"{ranks_text(sender)}: last collective {op_text(theirs)}, seq {theirs.seq} ({got} bytes)",
+                f"{ranks_text(sorted(with_rank))}: in {op_text(ours)}, seq {ours.seq} ({expected} bytes)",
+                f"gloo aborted rank {rank} (SIGABRT) when {ranks_text(sender)}'s {got} bytes arrived where "
+                f"its own collective expected {expected} (a victim, not the cause)"]
+    return Finding(kind="collective_mismatch", severity="critical", ranks=sender, victims=sorted(with_rank),
+                   title=(f"{ranks_text(sender)} ran {op_text(theirs)} as collective #{theirs.seq} while "
+                          f"{ranks_text(sorted(with_rank))} ran {op_text(ours)}: gloo aborted rank {rank} "
+                          f"when {ranks_text(sender)}'s {got} bytes arrived"),
+                   evidence=evidence, remedy=MISMATCH_REMEDY, step=states[sender[0]].step,
+                   since=states[rank].exited_at or None)
 
 
 def _extra_eval_batch(states: dict[int, RankState], rank: int) -> tuple[str, str] | None:
@@ -121,81 +162,6 @@ def _elements(nbytes: int) -> str:
 
 def _join(values: list[int]) -> str:
     return "/".join(str(v) for v in values)
-
-
-@dataclass(frozen=True)
-class _Timeout:
-    rank: int
-    seq: int
-    op: str
-    numel: int | None
-    timeout_ms: int | None
-    ran_ms: int
-
-
-def watchdog_timeout(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
-                     config: DiagnosisConfig) -> list[Finding]:
-    """NCCL's watchdog timeouts of ended ranks: who ran a different op, who never came."""
-    timeouts: dict[int, _Timeout] = {}
-    for s in snapshot.ranks:
-        found = [_Timeout(int(m.group(1)), int(m.group(2)), m.group(3),
-                          int(m.group(4)) if m.group(4) else None, int(m.group(6)) if m.group(6) else None,
-                          int(m.group(7))) for m in WATCHDOG.finditer(s.exit_reason)]
-        if found:
-            timeouts[s.rank] = min(found, key=lambda t: t.seq)  # the first op that timed out
-    if not timeouts:
-        return []
-    seq = min(t.seq for t in timeouts.values())
-    at_seq = {r: t for r, t in timeouts.items() if t.seq == seq}
-    sides: dict[tuple[str, int | None], list[int]] = defaultdict(list)
-    for rank, t in sorted(at_seq.items()):
-        sides[(t.op, t.numel)].append(rank)
-    evidence = [f"{ranks_text(side)}: {_what(at_seq[side[0]])}" for side in sides.values()]
-    if len(sides) > 1:
-        ordered = sorted(sides.values(), key=lambda side: (len(side), side))
-        odd, rest = ordered[0], [r for side in ordered[1:] for r in side]
-        certain = len(odd) < len(ordered[1])
-        title = (f"{ranks_text(odd)} ran {_what(at_seq[odd[0]], short=True)} at seq {seq} while "
-                 f"{ranks_text(rest)} ran {_what(at_seq[rest[0]], short=True)}: NCCL's watchdog aborted them")
-        if not certain:
-            title += " (as many ranks on each side: which one diverged cannot be told)"
-        return [Finding(kind="collective_mismatch", severity="critical", ranks=odd, title=title,
-                        evidence=evidence, remedy=MISMATCH_REMEDY, step=_step(snapshot, odd))]
-    world = max(snapshot.job.world_size, len(snapshot.ranks))
-    missing = sorted(set(range(world)) - set(at_seq))
-    waited = sorted(at_seq)
-    t = at_seq[waited[0]]
-    if missing:
-        for rank in missing:
-            state = snapshot.by_rank().get(rank)
-            op = _last_op(state) if state is not None else None
-            where = f"its last collective: {op_text(op)}, seq {op.seq}" if op is not None else "nothing known"
-            evidence.append(f"rank {rank}: no watchdog timeout at seq {seq}; {where}")
-        title = (f"{ranks_text(waited)} waited {t.ran_ms / 1000:.0f} s in {_what(t, short=True)} at seq "
-                 f"{seq} until NCCL's watchdog aborted them; {ranks_text(missing)} never reached it")
-        return [Finding(kind="collective_stall", severity="critical", ranks=missing, title=title,
-                        evidence=evidence, step=_step(snapshot, missing),
-                        remedy=("read where those ranks were (their stacks, `ddptop doctor` on their node): "
-                                "a rank that never reaches a collective is stuck before it or skipped it"))]
-    title = (f"every rank timed out in {_what(t, short=True)} at seq {seq} after {t.ran_ms / 1000:.0f} s: "
-             "the collective itself never completed (network, NCCL, a GPU)")
-    return [Finding(kind="collective_stall", severity="critical", ranks=waited, title=title,
-                    evidence=evidence,
-                    remedy=("check the network and GPUs of every node (NCCL_DEBUG=INFO, the kernel log: Xid "
-                            "errors); then run with a Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE)"))]
-
-
-def _what(t: _Timeout, short: bool = False) -> str:
-    size = f" of {t.numel} element{'' if t.numel == 1 else 's'}" if t.numel is not None else ""
-    if short:
-        return f"{t.op}{size}"
-    limit = f" (timeout {t.timeout_ms / 1000:.0f} s)" if t.timeout_ms else ""
-    return f"{t.op}{size} at seq {t.seq}, ran {t.ran_ms / 1000:.1f} s{limit}"
-
-
-def _step(snapshot: JobSnapshot, ranks: list[int]) -> int | None:
-    steps = [s.step for s in snapshot.ranks if s.rank in ranks]
-    return min(steps) if steps else None
 
 
 _PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]{2,45})\]:(\d{1,5})")

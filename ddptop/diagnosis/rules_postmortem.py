@@ -1,17 +1,17 @@
-"""Post-mortem rules: rank_lost and the collective divergence (catalog F4, F5 after death).
+"""Post-mortem rules: rank_lost and node_lost (catalog F4 after death).
 
 When one rank fails, torchrun tears every other rank down within a second, and on gloo the
-rank that aborts first is often a *victim* of the real culprit. These rules order what
-happened by time and name the first cause:
+rank that aborts first is often a *victim* of the real culprit (the collective divergence,
+:mod:`ddptop.diagnosis.rules_divergence`, names that). These rules order what happened by
+time and name the first failure:
 
-* ``collective_divergence`` (kind ``collective_mismatch``): every rank's last words carry
-  its last collectives from a fresh Flight Recorder read; the first seq at which ranks ran
-  different ops names the rank that diverged (the minority), with each side's op and step;
 * ``rank_lost``: the first rank that failed (how: exception, fatal signal, a DataLoader
   worker's death, SIGKILL from outside, vanished), at which step and on which host, then a
   timeline of the others: consequences, and ranks merely torn down by the launcher. Where
   the record holds only ranks that failed because a peer was gone and nothing of some other
-  ranks (another node's, the agents' exchange impossible), it says the cause is among those;
+  ranks (another node's, the agents' exchange impossible), it says the cause is among those.
+  NCCL's aborts are consequences; ranks that ended alike within a second are not ordered
+  ("cannot tell");
 * ``node_lost``: a host that vanished whole (its node agent and ranks unreachable, told by
   the agents of the nodes that survived).
 """
@@ -22,121 +22,21 @@ import re
 import time
 from collections import defaultdict
 
+from ddptop.diagnosis import nccl_statements as nccl
 from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.diagnosis.rules_last_words import lost_peers
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
-from ddptop.protocol import PendingOp, RankState, Sample
+from ddptop.protocol import RankState, Sample
 from ddptop.status import Status
-from ddptop.textfmt import human_bytes, op_text
+from ddptop.textfmt import human_bytes
 
+MAX_LINES = 16
+TIE_S = 1.0  # ranks that ended alike within this: which failed first is not told by the clock
 FATAL_SIGNALS = frozenset(("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"))
 FAILED = frozenset((Status.CRASHED, Status.TERMINATED, Status.LOST))
-SAME_OPS_REMEDY = ("every rank must call the same collectives in the same order: look for a collective "
-                   "under a condition that depends on the rank or on its data (a metric all-reduce one "
-                   "rank skips, a loop whose length differs per rank: an unseeded split)")
-
-
-def collective_divergence(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
-                          config: DiagnosisConfig) -> list[Finding]:
-    """The first seq at which ranks' last collectives differ, from their last words."""
-    if len([s for s in snapshot.ranks if s.status in ACTIVE]) >= 2:
-        return []  # the live collective_mismatch rule judges running ranks by their pending ops
-    reported = [s for s in snapshot.ranks if any(g.recent for g in s.collectives)]
-    if len(reported) < 2:
-        return []
-    out: list[Finding] = []
-    for pg in sorted({g.pg for s in reported for g in s.collectives if g.recent}):
-        by_seq: dict[int, dict[int, PendingOp]] = defaultdict(dict)
-        for s in reported:
-            for g in s.collectives:
-                if g.pg == pg:
-                    for op in g.recent:
-                        by_seq[op.seq][s.rank] = op
-        found = _first_divergence(by_seq)
-        if found is not None:
-            out.append(_divergence_finding(snapshot, pg, *found))
-            break  # the first diverging group is the cause; the others follow from it
-        left = _left_early(snapshot, pg, by_seq)
-        if left is not None:
-            out.append(left)
-            break
-    return out
-
-
-def _left_early(snapshot: JobSnapshot, pg: str,
-                by_seq: dict[int, dict[int, PendingOp]]) -> Finding | None:
-    """Ranks that ended cleanly before a collective their peers entered and died in.
-
-    Same ops at every seq both sides ran, yet some ranks exit with code 0 after seq N while
-    the others entered N+1 and never came back: the clean ones skipped a collective (a
-    skipped op of the same shape as the next one shifts them silently) or ran out of work.
-    """
-    states = snapshot.by_rank()
-    last: dict[int, int] = {}
-    for seq in sorted(by_seq):
-        for rank in by_seq[seq]:
-            last[rank] = seq
-    clean = {r for r in last if states[r].status == Status.EXITED}
-    if not clean or not set(last) - clean:
-        return None
-    top = max(last.values())
-    early = sorted(r for r in clean if last[r] < top)
-    waiting = sorted(r for r in last if last[r] == top and r not in clean)
-    if not early or not waiting:
-        return None
-    step = _step(states, early)
-    op = by_seq[top][waiting[0]]
-    where = "" if pg == "0" else f" of process group {pg}"
-    return Finding(
-        kind="collective_mismatch", severity="critical", ranks=early, step=step,
-        title=(f"{ranks_text(early)} exited cleanly after collective #{last[early[0]]}{where} at step "
-               f"{step}, while {ranks_text(waiting)} entered #{top} ({op_text(op)}) and waited for "
-               f"{ranks_text(early)} there: the ranks ran different numbers of collectives"),
-        evidence=[f"rank {r}: last collective #{last[r]} ({op_text(by_seq[last[r]][r])}), "
-                  f"step {states[r].step}, {states[r].status}" for r in sorted(last)],
-        remedy=SAME_OPS_REMEDY)
-
-
-def _signature(op: PendingOp) -> tuple[str, str]:
-    return op.op, repr(op.sizes[0] if op.sizes else [])
-
-
-Divergence = tuple[int, list[list[int]], dict[int, PendingOp]]  # seq, sides (smallest first), ops
-
-
-def _first_divergence(by_seq: dict[int, dict[int, PendingOp]]) -> Divergence | None:
-    for seq in sorted(by_seq):
-        ops = by_seq[seq]
-        sides: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for rank, op in sorted(ops.items()):
-            sides[_signature(op)].append(rank)
-        if len(sides) > 1:
-            # Smallest side first: the odd one out is the culprit (ties: lowest rank first).
-            return seq, sorted(sides.values(), key=lambda ranks: (len(ranks), ranks)), ops
-    return None
-
-
-def _divergence_finding(snapshot: JobSnapshot, pg: str, seq: int, sides: list[list[int]],
-                        ops: dict[int, PendingOp]) -> Finding:
-    states = snapshot.by_rank()
-    odd, rest = sides[0], [r for side in sides[1:] for r in side]
-    certain = len(odd) < len(sides[1])
-    lines = [f"{ranks_text(side)}: {op_text(ops[side[0]])} (step {_step(states, side)})" for side in sides]
-    where = f"seq {seq}" + (f" of process group {pg}" if pg != "0" else "")
-    title = (f"{ranks_text(odd)} ran a different collective at {where}: {op_text(ops[odd[0]])}, while "
-             f"{ranks_text(rest)} ran {op_text(ops[rest[0]])}")
-    if not certain:
-        title += " (as many ranks on each side: which one diverged cannot be told)"
-    return Finding(kind="collective_mismatch", severity="critical", ranks=odd, title=title,
-                   evidence=[f"last collectives from the ranks' last words, at {where}:", *lines],
-                   remedy=SAME_OPS_REMEDY, step=_step(states, odd))
-
-
-def _step(states: dict[int, RankState], ranks: list[int]) -> int:
-    return min(states[r].step for r in ranks if r in states) if any(r in states for r in ranks) else 0
 
 
 def rank_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
@@ -162,15 +62,26 @@ def rank_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
 
 def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
              histories: dict[int, list[Sample]]) -> Finding:
-    order = sorted(failed, key=lambda s: (_ended_at(s, histories), s.rank))
+    # NCCL's aborts (a watchdog timeout, "Some NCCL operations have failed") are consequences of
+    # a collective that did not complete: ordered after the failures that can be causes.
+    # A rank that died of SIGABRT without a word, beside ranks NCCL aborted, was most likely
+    # aborted too (NCCL's watchdog ends a rank with SIGABRT; its lines may be lost).
+    aborted = {s.rank for s in failed if nccl_aborted(s)}
+    silent_abort = {s.rank for s in failed if aborted and s.exit_signal == "SIGABRT"
+                    and not _EXCEPTION_LINE.search(s.exit_reason) and "what()" not in s.exit_reason}
+    consequence = aborted | silent_abort
+    order = sorted(failed, key=lambda s: (s.rank in consequence, _ended_at(s, histories), s.rank))
     stopped = _scheduler_stop(snapshot, order, histories)
     if stopped is not None:
         return stopped
+    if all(s.rank in consequence for s in order):
+        return _aborted_by_nccl(order, histories)
     first = order[0]
     t0 = _ended_at(first, histories)
     step = _last_step(first, histories)
     why = snapshot.job.unreachable
-    evidence = [f"+{_ended_at(s, histories) - t0:6.2f} s  rank {s.rank} on {s.host} (pid {s.pid}): "
+    evidence = [f"{_offset(_ended_at(s, histories), t0)}  rank {s.rank} on {s.host or '?'} "
+                f"(pid {s.pid or '?'}): "
                 f"{_how(s)}, step {_last_step(s, histories)}"
                 + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
@@ -210,9 +121,65 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                        remedy="read the record of the node that ran those ranks", step=step, since=t0)
     hosts = {s.host for s in snapshot.ranks if s.host}
     where = f" on {first.host}" if len(hosts) > 1 and first.host else ""
+    alike = _alike(first)
+    tied = [s.rank for s in order if s.rank not in consequence and _alike(s) == alike
+            and abs(_ended_at(s, histories) - t0) < TIE_S]
+    by_rank = snapshot.by_rank()
+    tied_hosts = {by_rank[r].host for r in tied}
+    if len(tied) > 1 and len(hosts) > 1 and len(tied_hosts) == 1 and first.host:
+        # One host's ranks ended alike at once, the others' did not: the cause is that host's.
+        return Finding(kind="rank_lost", severity="critical", ranks=tied,
+                       victims=[s.rank for s in order if s.rank not in tied],
+                       title=(f"{ranks_text(tied)} on {first.host} ended alike within {TIE_S:.0f} s, first "
+                              f"of the job, at step {step}: {_how(first)}"),
+                       evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+    if len(tied) > 1:  # the same end at the same moment: which came first is a guess
+        return Finding(kind="rank_lost", severity="critical", ranks=tied, certain=False,
+                       victims=[s.rank for s in order if s.rank not in tied],
+                       title=(f"{ranks_text(tied)} ended alike within {TIE_S:.0f} s ({_how(first)}): which "
+                              "one failed first cannot be told from this evidence"),
+                       evidence=[*evidence, "their own stderr (a traceback), a crash file or their Flight "
+                                            "Recorder dumps would tell which failed first"],
+                       remedy=_remedy(first), step=step, since=t0)
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
+                   victims=[s.rank for s in order[1:]],
                    title=f"{ranks_text([first.rank])}{where} failed first, at step {step}: {_how(first)}",
                    evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+
+
+def _alike(s: RankState) -> str:
+    """How *s* ended, in the words two ranks that ended alike share: its signal or exit code, its
+    exception's line with the numbers left out ("died of SIGABRT (Signal 6 received by PID 38)"
+    and a bare "died of SIGABRT" are alike)."""
+    raised = [ln.strip() for ln in s.exit_reason.splitlines() if _EXCEPTION_LINE.match(ln.strip())]
+    words = re.sub(r"\d+", "N", raised[-1]) if raised else ""
+    return f"{s.exit_signal}|{'' if s.exit_signal else s.exit_code}|{words}|{s.exit_cause}|{s.status}"
+
+
+def _offset(t: float, t0: float) -> str:
+    """'+  1.20 s' after the first failure; '     ?  ' where either time is unknown (a log line)."""
+    return f"+{t - t0:6.2f} s" if t and t0 else "    ?    "
+
+
+def nccl_aborted(s: RankState) -> bool:
+    """True where the rank's end is NCCL taking it down (or PyTorch's checks raising) after a
+    collective failed: its words say which collective, never which rank caused it."""
+    reason = s.exit_reason
+    marks = (nccl.ABORTED, "Watchdog caught", nccl.DESYNC_START, nccl.FINGERPRINT)
+    return any(mark in reason for mark in marks)
+
+
+def _aborted_by_nccl(order: list[RankState], histories: dict[int, list[Sample]]) -> Finding:
+    victims = [s.rank for s in order]
+    return Finding(
+        kind="rank_lost", severity="warning", ranks=[], victims=victims, certain=False,
+        title=(f"NCCL took {ranks_text(victims)} down after a collective failed or timed out: they are its "
+               "victims, not its cause"),
+        evidence=[f"rank {s.rank}: {cause_line(s.exit_reason, 200)}" for s in order[:MAX_LINES]],
+        remedy=("read the collective finding for who they waited for; where there is none, the lines of the "
+                "other ranks, their Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE) or PyTorch's desync "
+                "report (TORCH_NCCL_DESYNC_DEBUG=1) would tell"),
+        step=_last_step(order[0], histories))
 
 
 def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,

@@ -24,6 +24,7 @@ from ddptop.diagnosis.common import ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
+from ddptop.diagnosis.op_semantics import Signature, is_p2p, signature
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.textfmt import op_text, rank_ranges
@@ -83,7 +84,10 @@ def collective_wavefront(snapshot: JobSnapshot, histories: dict[int, list[Sample
         finding = _stall(g, groups, states, waits, world, explained)
         if finding is not None:
             out.append(finding)
-    return out
+    # The group the culprit itself is missing from, the oldest wait first: its finding reads
+    # without the chain, and the collective it never entered first is where it stopped.
+    return sorted(out, key=lambda f: (not f.title.startswith(ranks_text(f.ranks) + " never entered"),
+                                      f.since or float("inf")))
 
 
 def applies(snapshot: JobSnapshot) -> bool:
@@ -103,7 +107,7 @@ def _groups(states: Iterable[RankState]) -> dict[str, _Group]:
             g.members |= set(cg.ranks) | {s.rank}
             g.entered[s.rank] = cg.seq
             for op in cg.recent:
-                if not op.is_p2p and op.seq > 0:
+                if not is_p2p(op) and op.seq > 0:
                     g.ops[op.seq][s.rank] = op
     return out
 
@@ -116,16 +120,12 @@ def _wait_of(state: RankState) -> _Wait | None:
     return _Wait(pg, op)
 
 
-def _signature(op: PendingOp) -> tuple[str, str, str]:
-    return op.op, repr(op.sizes[0] if op.sizes else []), op.dtype
-
-
 def _mismatch(g: _Group) -> Finding | None:
     for seq in sorted(g.ops):
         ops = g.ops[seq]
-        sides: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        sides: dict[Signature, list[int]] = defaultdict(list)
         for rank, op in sorted(ops.items()):
-            sides[_signature(op)].append(rank)
+            sides[signature(op)].append(rank)
         if len(sides) < 2:
             continue
         ordered = sorted(sides.values(), key=lambda ranks: (len(ranks), ranks))
@@ -161,23 +161,29 @@ def _stall(g: _Group, groups: dict[str, _Group], states: dict[int, RankState], w
         _blame(rank, groups, states, waits, world, culprits, chain, set())
     if not culprits:
         return None
-    explained |= set(waiting) | set(missing)
+    explained |= set(waiting)  # a missing rank waiting elsewhere still has its own group's story
     op = waits[waiting[0]].op
     # A rank whose dump shows it elsewhere is certain; one without a dump may have entered too.
     # Name the certain ones when there are any, and say what is unknown of the others.
     certain = sorted(r for r in culprits if r in states)
     names = certain or sorted(culprits)
     unknown = [r for r in sorted(culprits) if r not in names]
-    title = (f"{ranks_text(names)} never entered {op_text(op)} #{top} of {g.label()}, which "
-             f"{ranks_text(waiting)} wait in")
+    if set(names) <= g.members:
+        title = (f"{ranks_text(names)} never entered {op_text(op)} #{top} of {g.label()}, which "
+                 f"{ranks_text(waiting)} wait in")
+    else:  # the wait passes through other groups: name where it ends, not a group it is not in
+        title = (f"{ranks_text(waiting)} wait in {op_text(op)} #{top} of {g.label()} for "
+                 f"{ranks_text(missing)}, and their waits across groups end at {ranks_text(names)}: "
+                 f"{culprits[names[0]]}")
     evidence = [f"rank {r}: {culprits[r]}" for r in names] + chain
     if unknown:
         evidence.append(f"{ranks_text(unknown)} left no dump: whether they entered #{top} is unknown")
     evidence.append(f"waiting in #{top}: {ranks_text(waiting)} (victims, not causes)")
     if len(evidence) > MAX_EVIDENCE:
         evidence = [*evidence[:MAX_EVIDENCE - 1], f"+{len(evidence) - MAX_EVIDENCE + 1} more"]
-    return Finding(kind="collective_stall", severity="critical", ranks=names, title=title, evidence=evidence,
-                   remedy=REMEDY_MISSING, since=op.started_at or None)
+    victims = sorted((set(waiting) | set(missing) | {r for r in g.members if r in waits}) - set(culprits))
+    return Finding(kind="collective_stall", severity="critical", ranks=names, victims=victims, title=title,
+                   evidence=evidence, remedy=REMEDY_MISSING, since=op.started_at or None)
 
 
 def _blame(rank: int, groups: dict[str, _Group], states: dict[int, RankState], waits: dict[int, _Wait],

@@ -76,7 +76,10 @@ def fold_evidence(dumps: Iterable[RankDump], failures: Iterable[RankFailure], *,
             if rank in exits and rank in failed:
                 events += exit_told(exits[rank], failed[rank])
         else:
-            events += _rank_events(rank, by_rank.get(rank), failed.get(rank), job_id, world)
+            # A log alone proves no job size (its highest rank is a floor): its ranks say 0,
+            # "unknown", so no rule takes the ranks it shows for the whole job.
+            told = world if world_size or by_rank else 0
+            events += _rank_events(rank, by_rank.get(rank), failed.get(rank), job_id, told)
     hosts = sorted({d.host for d in by_rank.values() if d.host} | {f.host for f in failed.values() if f.host})
     notes = f"{len(by_rank)} Flight Recorder dump(s), {len(failed)} failure record(s)"
     manifest = Manifest(schema_version=SCHEMA_VERSION, kind="bundle", created=time.time(), job_id=job_id,
@@ -216,7 +219,9 @@ def _rank_events(rank: int, dump: RankDump | None, failure: RankFailure | None, 
         state.collectives = groups_of(dump)
         state.versions = Versions(nccl=dump.comm_lib_version or None, ddptop="")
     events: list[Event] = []
-    if failure is not None:
+    if failure is not None and not failure.failed:
+        state.exit_reason = failure.message  # where it was: its status stays what a dump says
+    elif failure is not None:
         state.status = Status.CRASHED
         state.exit_reason = failure.message or (f"died of {failure.signal}" if failure.signal else "")
         state.time = max(when, t_fail)
@@ -259,7 +264,8 @@ def groups_of(dump: RankDump) -> list[CollectiveGroup]:
                    if not _completed(op) and (op.is_p2p or last_completed is None
                                               or op.collective_seq > last_completed)]
         group = CollectiveGroup(
-            pg=name, seq=seq, desc=info.desc if info is not None else (ops[0].pg_desc if ops else ""),
+            pg=name, seq=seq, desc=(info.desc if info is not None and info.desc else "")
+            or (ops[0].pg_desc if ops else ""),  # gloo's pg_config names no subgroup: its entries do
             size=len(members), backend=dump.backend, ranks=members, last_completed=last_completed,
             recent=recent, pending=pending, seq_changed_at=max((op.time_created for op in ops), default=0.0))
         if pending and pending[0].timeout_s is not None:

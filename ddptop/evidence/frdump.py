@@ -187,6 +187,20 @@ def _last_per_group(entries: list[T], keep: int, group_of: Callable[[T], Any], w
     return out
 
 
+def _names_by_id(entries: list[Any]) -> dict[str, str]:
+    """Each group's name by the id the process gave it: ``pg_status`` is keyed by that id (the
+    rank's own count of its groups: 1, 2, 3...), the entries by the group's name (``5`` for the
+    job's sixth group): reading the keys as names put a rank in groups it is not in (seen in
+    torch 2.13's gloo dumps of an 8-rank job with tp/ep/dp groups)."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        if isinstance(entry, dict) and (pg_id := entry.get("pg_id")) is not None:
+            group = entry.get("process_group")
+            if isinstance(group, list | tuple) and group:
+                out.setdefault(_pg_name(pg_id), _pg_name(group[0]))
+    return out
+
+
 def _group_key(entry: _EntryGroup) -> Any:
     group = entry.process_group
     key = group[0] if isinstance(group, list | tuple) and group else entry.pg_id
@@ -209,7 +223,9 @@ def normalise(raw: dict[str, Any], *, path: str, fmt: str, mtime: float = 0.0,
                            _group_names(raw.get("pg_config"), raw.get("pg_status")))
     entries = [op for op in (_op(e, warnings) for e in kept) if op is not None]
     groups = _groups(raw.get("pg_config"))
-    progress = {_pg_name(k): FrProgress(last_enqueued=_int(v.get("last_enqueued_collective")),
+    names = _names_by_id(entries_raw)
+    progress = {names.get(_pg_name(k), _pg_name(k)): FrProgress(
+                    last_enqueued=_int(v.get("last_enqueued_collective")),
                                         last_started=_int(v.get("last_started_collective")),
                                         last_completed=_int(v.get("last_completed_collective")))
                 for k, v in _dict(raw.get("pg_status")).items() if isinstance(v, dict)}

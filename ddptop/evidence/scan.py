@@ -27,10 +27,12 @@ from ddptop.errors import BundleError, DdptopError
 from ddptop.evidence import elastic_error, frdump, torchrun_log
 from ddptop.evidence.fold import fold_evidence
 from ddptop.evidence.types import RankDump, RankFailure
+from ddptop.store.remains import read_bounded
 from ddptop.wire import MAGIC
 
 CONSOLE_FILE = "console.log"  # ddptop launch's tail of the job's stderr (agent/stderr_tail.py)
 HEAD_BYTES = 4096  # what recognising a file reads of it
+TAIL_BYTES = 64 << 10  # and of a longer text file's end, where its head is the training's own output
 MAX_DEPTH = 4  # folders below a named one
 MAX_FILES = 100_000  # files looked at, per set
 MAX_SET_BYTES = 4 << 30  # bytes of evidence read, per set
@@ -85,9 +87,15 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
 
 def _read_console(path: Path, found: Evidence) -> None:
     try:
-        found.failures += torchrun_log.read_torchrun_log(path)
+        _read_log(path, found)
     except DdptopError as exc:
         found.warnings.append(str(exc))
+
+
+def _read_log(path: Path, found: Evidence) -> None:
+    failures, notes = torchrun_log.read_log(path)
+    found.failures += failures
+    found.warnings += notes
 
 
 def _read_dumps(paths: list[Path], found: Evidence) -> None:
@@ -133,8 +141,9 @@ def load_evidence(paths: Sequence[str | os.PathLike[str]], *, job_id: str = "") 
     found = gather(paths)
     if found.empty():
         names = ", ".join(str(p) for p in paths)
+        said = f"; {found.warnings[-1]}" if found.warnings else ""
         raise BundleError(f"{names}: no Flight Recorder dump, torchrun log, torchelastic error file or "
-                          f"ddptop recording found ({len(found.ignored)} file(s) not recognised)")
+                          f"ddptop recording found ({len(found.ignored)} file(s) not recognised){said}")
     base: Contents | None = None
     if found.recordings:
         base = read_recording(found.recordings[0])
@@ -187,6 +196,15 @@ def _head(path: Path) -> bytes:
         os.close(fd)
 
 
+def _tail(path: Path) -> bytes:
+    """The last TAIL_BYTES of a text file (where a failed job's console says why)."""
+    try:
+        data, _size = read_bounded(path, TAIL_BYTES, tail=True)
+    except OSError:
+        return b""
+    return data
+
+
 def _read_one(path: Path, found: Evidence, budget: list[int], pending: list[Path]) -> None:
     head = _head(path)
     if not head:
@@ -207,8 +225,9 @@ def _read_one(path: Path, found: Evidence, budget: list[int], pending: list[Path
             pending.append(path)  # read below, all together (in parallel when there are many)
         elif elastic_error.looks_like_elastic_error(head):
             found.failures += elastic_error.read_elastic_error(path)
-        elif torchrun_log.looks_like_torchrun_log(head):
-            found.failures += torchrun_log.read_torchrun_log(path)
+        elif torchrun_log.looks_like_torchrun_log(head) or (
+                size > HEAD_BYTES and torchrun_log.looks_like_torchrun_log(_tail(path))):
+            _read_log(path, found)  # a long console's first lines may be the training's own output
         else:
             found.ignored.append(path)
     except DdptopError as exc:

@@ -1,12 +1,14 @@
-"""Read torchrun's console log: which rank failed, when, how, with which exception.
+"""Read a training job's console log: which rank failed, when, how, with which exception.
 
-Two parts of the log tell it (torch 2.x):
+Whatever launched the job (torchrun, torch.distributed.launch, accelerate, deepspeed,
+``srun -l``, mpirun) and whichever torch (1.10 to today) wrote it, these parts tell it:
 
-* the ranks' own tracebacks, prefixed ``[default1]:[rank1]: `` (``--tee``/``--redirects``, or
-  the default since torch 2.2 for uncaught exceptions), the exception's line last;
-* NCCL's watchdog line, ``[rank1]:[E... ProcessGroupNCCL.cpp:N] [Rank 1] Watchdog caught
-  collective operation timeout: WorkNCCL(SeqNum=..., OpType=..., NumelIn=..., ...) ran for
-  ... milliseconds before timing out.``: the op that timed out is that rank's cause;
+* the ranks' own tracebacks, wherever a prefix proves the rank (``[default1]:[rank1]: ``,
+  ``srun -l``'s ``1: ``...: :mod:`ddptop.evidence.log_lines`), the exception's line last;
+* what NCCL and PyTorch's checks said (watchdog timeouts, the rank's own count of completed
+  work, the desync report, the fingerprint mismatch), each given to the global rank it
+  proves (:mod:`ddptop.evidence.log_statements`): carried in the rank's failure message;
+* the elastic agent's ``failed (exitcode: C) local_rank: L (pid: P)`` lines;
 * torchelastic's summary after a failure (``ChildFailedError``)::
 
       Root Cause (first observed failure):
@@ -20,7 +22,9 @@ Two parts of the log tell it (torch 2.x):
 
   and the same block for every other failed rank under ``Failures:``.
 
-Lines are capped in length and number; every pattern is anchored and linear.
+Lines are capped in length and number; every pattern is linear. :func:`read_log` also
+says what of the file it read and what it could not (ranks a line names only within its
+process group or node), as notes.
 """
 
 from __future__ import annotations
@@ -33,15 +37,13 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop.errors import EvidenceError
+from ddptop.diagnosis.nccl_statements import TRACE_LAST
+from ddptop.evidence.log_lines import MAX_LOG_BYTES, LogLine, read_lines
+from ddptop.evidence.log_statements import Statements, statements
 from ddptop.evidence.types import RankFailure
-from ddptop.store.remains import read_bounded
 
-MAX_LOG_BYTES = 64 << 20  # the tail of a longer log is read
-MAX_LINE = 4096
 MAX_TRACEBACK_LINES = 200
 
-_PREFIXED = re.compile(r"^(?:\[[A-Za-z0-9_]{1,64}\]:)?\[rank(\d{1,7})\]: ?(.*)$")
 _FIELD = re.compile(r"^\s{1,8}(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 _RANK = re.compile(r"^(\d{1,7})")
 _EXIT = re.compile(r"^(-?\d{1,4})\s*\(pid: (\d{1,9})\)")
@@ -49,29 +51,32 @@ _SIGNAL = re.compile(r"Signal (\d{1,3}) \((SIG[A-Z0-9]{2,8})\)")
 _SUMMARY_START = ("Root Cause (first observed failure):", "Failures:")
 
 
+_MARKS = (b"torch/distributed/", b"torch.distributed", b"[rank", b"torchelastic", b"ChildFailedError",
+          b"Root Cause (first observed failure)", b"ProcessGroupNCCL", b"ProcessGroupGloo",
+          b"Watchdog caught", b"CollectiveFingerPrint", b"local_rank:", b"NCCL WARN", b"NCCL INFO", b"c10d",
+          b"Traceback (most recent call last)", b"DataLoader worker", b"gloo::", b"enforce fail at")
+
+
 def looks_like_torchrun_log(head: bytes) -> bool:
-    """True if the first bytes look like torchrun's output (its own log lines or rank prefixes)."""
-    return (b"torch/distributed/" in head or b"[rank" in head or b"torchelastic" in head
-            or b"Root Cause (first observed failure)" in head or b"ChildFailedError" in head)
+    """True if these bytes (a file's first, or last) look like a training job's console: torchrun's
+    own lines, rank prefixes, NCCL's or gloo's, the elastic agent's."""
+    return b"\x00" not in head and any(mark in head for mark in _MARKS)
 
 
 def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
     """Every rank failure the log tells of, the summary's facts joined to the ranks' tracebacks."""
+    return read_log(path)[0]
+
+
+def read_log(path: str | os.PathLike[str]) -> tuple[list[RankFailure], list[str]]:
+    """:func:`read_torchrun_log`, and notes: what of the file was read and what was not."""
     p = Path(path)
-    try:
-        data, _size = read_bounded(p, MAX_LOG_BYTES, tail=True)  # a longer log: its end tells
-    except OSError as exc:
-        raise EvidenceError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    lines = [ln[:MAX_LINE] for ln in data.decode("utf-8", "replace").splitlines()]
+    lines, cut = read_lines(p)
+    texts = [ln.text for ln in lines]
     tracebacks = _rank_tracebacks(lines)
-    summary = _attribute_terminate(_summary(lines, str(p)), lines)
+    summary = _attribute_terminate(_summary(texts, str(p)), texts)
     out: dict[int, RankFailure] = {f.rank: f for f in summary}
-    for rank, said in _watchdog_lines(lines).items():
-        known = out.get(rank)
-        if known is None:
-            out[rank] = RankFailure(rank=rank, source=str(p), message=said)
-        elif "Watchdog caught" not in known.message:  # the timeout is the cause; "died of SIGABRT" is not
-            out[rank] = msgspec.structs.replace(known, message=said)
+    said = statements(lines)
     for rank, tb in tracebacks.items():
         message = _exception_line(tb)
         known = out.get(rank)
@@ -79,11 +84,63 @@ def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
             out[rank] = RankFailure(rank=rank, source=str(p), message=message,
                                     traceback=tb[-MAX_TRACEBACK_LINES:])
         else:
-            out[rank] = RankFailure(rank=rank, source=known.source, host=known.host, pid=known.pid,
-                                    time=known.time, message=message or known.message,
-                                    traceback=tb[-MAX_TRACEBACK_LINES:] or known.traceback,
-                                    exit_code=known.exit_code, signal=known.signal, first=known.first)
-    return [out[r] for r in sorted(out)]
+            out[rank] = msgspec.structs.replace(known, message=message or known.message,
+                                                traceback=tb[-MAX_TRACEBACK_LINES:] or known.traceback)
+    notes = _local_exits(out, said, str(p))
+    for rank, words in said.by_rank.items():
+        known = out.get(rank)
+        if known is None:
+            traced_only = all(w.startswith(TRACE_LAST) for w in words)
+            out[rank] = RankFailure(rank=rank, source=str(p), message="\n".join(words),
+                                    failed=not traced_only)
+        else:  # the exception's own line first (the cause a person reads), then what NCCL said
+            extra = [w for w in words if w not in known.message]
+            message = "\n".join([known.message, *extra]) if known.message and "Watchdog caught" not in \
+                known.message else "\n".join(words) if not known.message else known.message
+            out[rank] = msgspec.structs.replace(known, message=message)
+    notes += said.notes
+    if cut:
+        notes.append(f"{p}: longer than {MAX_LOG_BYTES >> 20} MiB: only its end was read")
+    if not out and any(ln.text.strip() for ln in lines):
+        notes.append(f"{p}: read as a training job's console, but no line in it says which rank wrote it "
+                     "(no [rankN]: prefix, torchrun summary or NCCL rank): nothing can be attributed; "
+                     "`torchrun --tee 3` or `srun -l` label each line")
+    read = list(dict.fromkeys(said.read))
+    if read and (said.notes or notes):
+        notes.insert(0, f"{p}: read " + ", ".join(read))
+    return [out[r] for r in sorted(out) if r >= 0], notes
+
+
+def _local_exits(out: dict[int, RankFailure], said: Statements, source: str) -> list[str]:
+    """torchrun's 'failed (exitcode: C) local_rank: L (pid: P)' lines: joined to the summary's
+    rank of the same pid; else, on a log that shows one node, local rank L is rank L."""
+    notes: list[str] = []
+    pids = {f.pid for f in out.values() if f.pid}
+    for local, (code, pid) in sorted(said.local_exits.items()):
+        if pid in pids:
+            continue
+        sig = ""
+        if code < 0:
+            try:
+                sig = signal.Signals(-code).name
+            except ValueError:
+                sig = ""
+        if not said.local_is_global:
+            notes.append(f"{source}: torchrun says local rank {local} (pid {pid}) failed with exit code "
+                         f"{code}; the log shows several nodes, not which one: its global rank is not named")
+            continue
+        known = out.get(local)
+        failure = RankFailure(rank=local, source=source, pid=pid, exit_code=None if sig else code, signal=sig,
+                              message=known.message if known else (f"died of {sig}" if sig else
+                                                                   f"exited with code {code}"))
+        out[local] = _merged_local(known, failure) if known else failure
+    return notes
+
+
+def _merged_local(known: RankFailure, failure: RankFailure) -> RankFailure:
+    code = known.exit_code if known.exit_code is not None else failure.exit_code
+    return msgspec.structs.replace(known, pid=known.pid or failure.pid, exit_code=code,
+                                   signal=known.signal or failure.signal)
 
 
 _WHAT = re.compile(r"^\s{0,8}what\(\):\s+(.{1,1000})$")
@@ -107,34 +164,26 @@ def _enforce_text(text: str) -> str:
     return re.sub(r"^\[enforce fail at [^\]]{0,300}\]\s*", "gloo enforce failed: ", text)[:400]
 
 
-_WATCHDOG = re.compile(r"\[Rank \d{1,7}\] Watchdog caught collective operation timeout: .{1,600}$")
-
-
-def _watchdog_lines(lines: list[str]) -> dict[int, str]:
-    """NCCL's watchdog line of each rank (its first), without the launcher's prefix: it names
-    the op, its seq and size that timed out, and prefixed lines carry the rank."""
-    out: dict[int, str] = {}
-    for line in lines:
-        if "Watchdog caught" not in line:
-            continue
-        m = _PREFIXED.match(line)
-        said = _WATCHDOG.search(line)
-        if m and said and int(m.group(1)) not in out:
-            out[int(m.group(1))] = said.group(0)[:500]
-    return out
-
-
-def _rank_tracebacks(lines: list[str]) -> dict[int, list[str]]:
+def _rank_tracebacks(lines: list[LogLine]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for line in lines:
-        m = _PREFIXED.match(line)
-        if m:
-            out.setdefault(int(m.group(1)), []).append(m.group(2))
-    return {rank: tb for rank, tb in out.items() if any(ln.startswith("Traceback") for ln in tb)}
+        if line.rank is not None:
+            out.setdefault(line.rank, []).append(line.text)
+    # A traceback, or an excerpt of one that kept its exception's line (the header was cut off).
+    return {rank: tb for rank, tb in out.items()
+            if any(ln.startswith("Traceback") or _RAISED.match(ln) for ln in tb)}
+
+
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]{0,120}(?:Error|Exception|Interrupt|Exit|NotMet)\b:? ?.{0,2000}"
+                     r"|ERROR: Unexpected bus error encountered in worker.{0,400})$")
 
 
 def _exception_line(tb: list[str]) -> str:
-    """The exception's own line: the last line that does not belong to a frame."""
+    """The exception's own line: the last line naming an exception, else the last line that
+    does not belong to a frame (a warning printed after the traceback is not its cause)."""
+    for line in reversed(tb):
+        if _RAISED.match(line.strip()) and not line.startswith(" "):
+            return line.strip()[:500]
     for line in reversed(tb):
         text = line.strip()
         if text and not text.startswith(("File ", "^", "~")) and not line.startswith("    "):

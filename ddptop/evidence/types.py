@@ -84,3 +84,4 @@ class RankFailure(msgspec.Struct, gc=False, kw_only=True):
     exit_code: int | None = None
     signal: str = ""  # "SIGSEGV" where torchrun says the rank died of a signal
     first: bool = False  # torchelastic names this rank the root cause ("first failure")
+    failed: bool = True  # False: the log only tells where the rank was (a trace line), not that it failed
