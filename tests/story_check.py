@@ -2,8 +2,9 @@
 
 No two findings that explain an event (a hang, a failure: ``story.EVENT_KINDS``; conditions
 such as a straggler or an input-bound rank are not events) of warning or worse that name their
-cause with certainty, of different kinds, may blame different ranks (one is the lead; what followed from it is its spread, and a finding
-that blames a subset of the lead's culprits agrees with it). ``tests/conftest.py`` wraps the
+cause with certainty, of different kinds, may blame different ranks (one is the lead; what
+followed from it is its spread, and a finding that blames a subset of the lead's culprits
+agrees with it). ``tests/conftest.py`` wraps the
 engine's story pass with :func:`checked` for every test, so every scenario the suite diagnoses in
 its own process — unit snapshots, recordings, real dumps and logs, the dashboard's live
 diagnosis — is held to it, not only the ones a test names.

@@ -191,7 +191,13 @@ def test_collective_mismatch_same_seq_different_op() -> None:
 def test_collective_mismatch_same_op_different_sizes() -> None:
     states = [in_collective(r, 9, world=2) for r in range(2)]
     states[1].collectives[0].pending[0].sizes = [[[999]], [[999]]]
-    assert only(diagnose(snap(states), {}, NOW), "collective_mismatch").ranks == [1]
+    # Two ranks alone that disagree: both, "cannot tell which" (#33's precision rule).
+    f = only(diagnose(snap(states), {}, NOW), "collective_mismatch")
+    assert (f.ranks, f.certain) == ([0, 1], False) and "cannot be told" in f.title, f
+    states = [in_collective(r, 9, world=3) for r in range(3)]
+    states[1].collectives[0].pending[0].sizes = [[[999]], [[999]]]
+    f = only(diagnose(snap(states), {}, NOW), "collective_mismatch")
+    assert (f.ranks, f.certain, f.victims) == ([1], True, [0, 2]), f
 
 
 def test_collective_mismatch_waits_for_peers_that_could_turn_a_tie() -> None:
@@ -212,7 +218,7 @@ def test_collective_mismatch_two_against_two_says_it_cannot_tell() -> None:
     states = [in_collective(r, 7, op="gloo:all_gather" if r >= 2 else "gloo:all_reduce", age=0.5)
               for r in range(4)]
     f = only(diagnose(snap(states), {}, NOW), "collective_mismatch")
-    assert f.ranks == [2, 3] and "which one diverged cannot be told" in f.title
+    assert (f.ranks, f.certain) == ([0, 1, 2, 3], False) and "which one diverged cannot be told" in f.title
 
 
 def test_collective_stall_names_the_rank_that_never_entered() -> None:

@@ -96,3 +96,27 @@ def test_after_the_job_died_uneven_all_to_all_is_no_divergence() -> None:
                        collectives=[CollectiveGroup(pg="5", seq=2, recent=[op("gloo:all_to_all", *A2A[r])])])
              for r in range(4)]
     assert collective_divergence(build_snapshot("j", 4, ended, {}, NOW), {}, NOW, DiagnosisConfig()) == []
+
+
+def test_the_tables_mismatch_mark_compares_a_seq_within_its_group_only() -> None:
+    """Live MoE ranks: rank 0 waits in tp all_reduce #5 (group 1), rank 1 in ep all_to_all #5
+    (group 5): the same number in two groups is two collectives, no MISMATCH; two ranks in
+    one group at #5 with different ops are."""
+    from ddptop.diagnosis.desync import MISMATCH, facts_of, leads_of, marks_of
+
+    def rank(r: int, pg: str, name: str) -> RankState:
+        pending = op(name, [[16]], [[16]], seq=5)
+        return RankState(rank=r, local_rank=r, world_size=4, host="h", pid=r, time=NOW, status="running",
+                         collectives=[CollectiveGroup(pg=pg, seq=5, pending=[pending])])
+
+    def marks(states: list[RankState]) -> list[list[str]]:
+        facts = [facts_of(s, "running") for s in states]
+        leads = leads_of(facts)
+        return [marks_of(f, leads) for f in facts]
+
+    two_groups = [rank(0, "1", "gloo:all_reduce"), rank(1, "5", "gloo:all_to_all"),
+                  rank(2, "1", "gloo:all_reduce"), rank(3, "5", "gloo:all_to_all")]
+    assert not any(MISMATCH in m for m in marks(two_groups))
+    one_group = [rank(0, "1", "gloo:all_reduce"), rank(1, "1", "gloo:all_reduce"),
+                 rank(2, "1", "gloo:all_gather")]
+    assert [MISMATCH in m for m in marks(one_group)] == [False, False, True]

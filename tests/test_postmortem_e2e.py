@@ -190,8 +190,10 @@ def test_skipped_collective_names_the_skipping_rank_as_one_story(job_runner: Job
     for g in findings:
         if g["severity"] != "info" and g.get("certain", True):
             assert set(g["ranks"]) - set(g.get("victims", [])) <= {skip}, (g, findings)
-    aborted = {r for r, o in outcomes(job).items() if o.get("signal") == "SIGABRT"}
-    assert aborted and aborted <= set(f["victims"]) and skip not in aborted, (aborted, f)
+    # The ranks that failed besides the skipper (gloo aborted one: its peer's bucket arrived) are
+    # the lead's victims; the rest were torn down by torchrun.
+    failed = {r for r, o in outcomes(job).items() if o["status"] != "torn_down" and r != skip}
+    assert failed <= set(f["victims"]), (failed, f)
 
 
 def test_install_without_launcher_keeps_a_black_box_too(job_runner: JobRunner) -> None:

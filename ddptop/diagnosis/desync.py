@@ -33,7 +33,9 @@ class JobLeads:
     max_step: int
     common_bpe: int | None  # the majority's batches_per_epoch; None when there is no majority
     distinct_bpe: int
-    ops_at_seq: dict[int, Counter[str]]
+    # ops entered at each (group, seq): a seq means something only within its group (an MoE
+    # rank's tp all_reduce #5 and another's ep all_to_all #5 are not one collective)
+    ops_at_seq: dict[tuple[str, int], Counter[str]]
 
 
 def default_group_seq(state: RankState) -> int | None:
@@ -44,6 +46,15 @@ def default_group_seq(state: RankState) -> int | None:
         if group.pg == "0":
             return group.seq
     return state.collectives[0].seq
+
+
+def oldest_pending_of(state: RankState) -> tuple[str, PendingOp] | None:
+    """The group and op of :func:`oldest_pending`."""
+    found = [(op.seq, -op.age_s, g.pg, op) for g in state.collectives for op in g.pending]
+    if not found:
+        return None
+    _, _, pg, op = min(found, key=lambda item: (item[0], item[1]))
+    return pg, op
 
 
 def oldest_pending(state: RankState) -> PendingOp | None:
@@ -69,6 +80,7 @@ class RankFacts(NamedTuple):
     bpe: int | None = None
     seq_stuck: bool = False
     step_stuck: bool = False
+    pg: str = ""  # the group of ``op``
 
 
 def facts_of(state: RankState | None, status: str) -> RankFacts:
@@ -96,8 +108,9 @@ def facts_of(state: RankState | None, status: str) -> RankFacts:
         seq_stuck = bool(changed) and state.time - changed >= STUCK_AFTER_S
     last_step = state.last_step_at
     step_stuck = bool(last_step) and state.time - last_step >= STUCK_AFTER_S
-    return RankFacts(status, True, seq, oldest_pending(state) if pending else None, state.step,
-                     state.batches_per_epoch, seq_stuck, step_stuck)
+    oldest = oldest_pending_of(state) if pending else None
+    return RankFacts(status, True, seq, oldest[1] if oldest else None, state.step,
+                     state.batches_per_epoch, seq_stuck, step_stuck, oldest[0] if oldest else "")
 
 
 def leads_of(facts: list[RankFacts]) -> JobLeads:
@@ -107,13 +120,13 @@ def leads_of(facts: list[RankFacts]) -> JobLeads:
         return JobLeads(max_seq=0, max_step=0, common_bpe=None, distinct_bpe=0, ops_at_seq={})
     # Columns by zip (in C) rather than a generator per field: this runs over every rank at
     # every redraw of the table.
-    _, _, seqs, pending, steps, bpe_column, _, _ = zip(*present, strict=True)
+    _, _, seqs, pending, steps, bpe_column, _, _, groups = zip(*present, strict=True)
     bpes = Counter(bpe_column)
     bpes.pop(None, None)
-    ops: dict[int, Counter[str]] = {}
-    for op in pending:
+    ops: dict[tuple[str, int], Counter[str]] = {}
+    for op, pg in zip(pending, groups, strict=True):
         if op is not None:
-            ops.setdefault(op.seq, Counter())[op.op] += 1
+            ops.setdefault((pg, op.seq), Counter())[op.op] += 1
     return JobLeads(
         max_seq=max([seq for seq in seqs if seq is not None], default=0),
         max_step=max(steps),
@@ -142,7 +155,7 @@ def marks_of(f: RankFacts, leads: JobLeads) -> list[str]:
     if f.step < leads.max_step and f.step_stuck:
         marks.append(LAG_STEP)
     if f.op is not None:
-        counts = leads.ops_at_seq.get(f.op.seq)
+        counts = leads.ops_at_seq.get((f.pg, f.op.seq))
         # The minority op at a seq is the odd one out; a tie marks everyone (no majority).
         if counts is not None and len(counts) > 1:
             top = counts.most_common()

@@ -103,8 +103,12 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                 caveat = " (as many ranks on each side: which one diverged cannot be told)"
             elif not settled:
                 caveat = f" ({unheard} of the group not heard from: which side diverged is not certain)"
+            certain = not caveat
+            majority = sorted(e.rank for e in entries if e.key == major)
             out.append(Finding(
-                kind="collective_mismatch", severity="critical", ranks=odd,
+                kind="collective_mismatch", severity="critical",
+                ranks=odd if certain else sorted(e.rank for e in entries), certain=certain,
+                victims=majority if certain else [],
                 title=f"collective mismatch in group {pg} at #{seq}: " + "; ".join(parts) + caveat,
                 evidence=[*_waiting_lines(entries, seq),
                           f"these ranks entered collective #{seq} with different calls: it can never complete"

@@ -84,7 +84,7 @@ def _left_early(snapshot: JobSnapshot, pg: str,
                f"{ranks_text(early)} there: the ranks ran different numbers of collectives"),
         evidence=[f"rank {r}: last collective #{last[r]} ({op_text(by_seq[last[r]][r])}), "
                   f"step {states[r].step}, {states[r].status}" for r in sorted(last)],
-        remedy=SAME_OPS_REMEDY)
+        remedy=SAME_OPS_REMEDY, victims=waiting)
 
 
 Divergence = tuple[int, list[list[int]], dict[int, PendingOp]]  # seq, sides (smallest first), ops
@@ -115,7 +115,9 @@ def _divergence_finding(snapshot: JobSnapshot, pg: str, seq: int, sides: list[li
              f"{ranks_text(rest)} ran {op_text(ops[rest[0]])}")
     if not certain:
         title += " (as many ranks on each side: which one diverged cannot be told)"
-    return Finding(kind="collective_mismatch", severity="critical", ranks=odd, title=title,
+    return Finding(kind="collective_mismatch", severity="critical",
+                   ranks=odd if certain else sorted(odd + rest), certain=certain,
+                   victims=rest if certain else [], title=title,
                    evidence=[f"last collectives from the ranks' last words, at {where}:", *lines],
                    remedy=SAME_OPS_REMEDY, step=_step(states, odd))
 

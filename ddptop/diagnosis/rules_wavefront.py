@@ -135,7 +135,9 @@ def _mismatch(g: _Group) -> Finding | None:
                  f"while {ranks_text(rest)} entered {op_text(ops[rest[0]])}: it can never complete")
         if tie:
             title += " (as many ranks on each side: which one diverged cannot be told)"
-        return Finding(kind="collective_mismatch", severity="critical", ranks=odd, title=title,
+        return Finding(kind="collective_mismatch", severity="critical",
+                       ranks=sorted(odd + rest) if tie else odd, certain=not tie,
+                       victims=[] if tie else rest, title=title,
                        evidence=[f"{ranks_text(side)}: {op_text(ops[side[0]])} #{seq}" for side in ordered],
                        remedy=REMEDY_MISMATCH)
     return None

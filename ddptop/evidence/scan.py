@@ -86,8 +86,10 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
 
 
 def _read_console(path: Path, found: Evidence) -> None:
+    """The job's stderr as ddptop launch kept it: its notes on ranks a line cannot prove are
+    left out (the recording beside it knows every rank's identity; one node's launch)."""
     try:
-        _read_log(path, found)
+        found.failures += torchrun_log.read_log(path)[0]
     except DdptopError as exc:
         found.warnings.append(str(exc))
 

@@ -51,8 +51,11 @@ def move(of: dict[int, int], counts: Counter[int], ranks: dict[int, set[int]], r
         ranks.setdefault(value, set()).add(rank)
 
 
-def count(ops: dict[int, Counter[str]], ranks: dict[tuple[int, str], set[int]], rank: int,
-           op: tuple[int, str], delta: int) -> None:
+OpKey = tuple[tuple[str, int], str]  # ((group, seq), op name): a seq counts within its group
+
+
+def count(ops: dict[tuple[str, int], Counter[str]], ranks: dict[OpKey, set[int]], rank: int,
+          op: OpKey, delta: int) -> None:
     counts = ops.setdefault(op[0], Counter())
     counts[op[1]] += delta
     if delta > 0:

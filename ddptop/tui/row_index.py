@@ -28,7 +28,7 @@ from ddptop.diagnosis.desync import (
 from ddptop.model.job import JobModel
 from ddptop.status import Status
 from ddptop.tui.group_ranges import GroupRanges
-from ddptop.tui.index_upkeep import count, flag, majority, move, recount, set_value
+from ddptop.tui.index_upkeep import OpKey, count, flag, majority, move, recount, set_value
 from ddptop.tui.row_sequence import RowSequence
 from ddptop.tui.rows import GroupRow, RankRow, _row, _short_op
 from ddptop.tui.view_facts import facts_of_view, pulse_facts
@@ -62,9 +62,9 @@ class RowIndex:
         self._bpe: dict[int, int] = {}
         self._bpes: Counter[int] = Counter()
         self._bpe_ranks: dict[int, set[int]] = {}
-        self._op: dict[int, tuple[int, str]] = {}  # the oldest pending op's (seq, op)
-        self._ops: dict[int, Counter[str]] = {}  # leads' ops_at_seq
-        self._op_ranks: dict[tuple[int, str], set[int]] = {}
+        self._op: dict[int, OpKey] = {}  # the oldest pending op's ((group, seq), op)
+        self._ops: dict[tuple[str, int], Counter[str]] = {}  # leads' ops_at_seq
+        self._op_ranks: dict[OpKey, set[int]] = {}
         self._age: dict[int, float] = {}
         self._seq_stuck: set[int] = set()
         self._step_stuck: set[int] = set()
@@ -153,7 +153,7 @@ class RowIndex:
         if old is None or old.bpe != f.bpe:
             move(self._bpe, self._bpes, self._bpe_ranks, rank, f.bpe)
         pending = f.op
-        op = None if pending is None else (pending.seq, pending.op)
+        op = None if pending is None else ((f.pg, pending.seq), pending.op)
         before = self._op.get(rank)
         if before != op:
             if before is not None:
@@ -323,12 +323,12 @@ class RowIndex:
             if seqs:
                 group.seq_lo, group.seq_hi = min(seqs), max(seqs)
         if group.kind in ("collective", "rest") and key[-1] != COMPUTING:
-            # Every member waited in this op at the refresh ((seq, op) pairs order by seq);
-            # absorb() may have seen some leave it since.
-            at = [a for a in map(self._op.get, members) if a is not None]
+            # Every member waited in this op at the refresh (((group, seq), op) keys); absorb()
+            # may have seen some leave it since.
+            at = [a[0][1] for a in map(self._op.get, members) if a is not None]
             ages = [a for a in map(self._age.get, members) if a is not None]
             if at:
-                lo, hi = min(at)[0], max(at)[0]
+                lo, hi = min(at), max(at)
                 group.pending = f"{key[-1]} #{lo}" if lo == hi else f"{key[-1]} #{lo}-{hi}"
             group.oldest_wait_s = max(ages, default=None)
         marked = self.marks.keys() & members

@@ -34,7 +34,7 @@ def facts_of_view(view: RankView, status: str) -> RankFacts:
     changed, last_step = group.seq_changed_at, state.last_step_at
     return RankFacts(status, True, group.seq, op, state.step, state.batches_per_epoch,
                      bool(changed) and state.time - changed >= STUCK_AFTER_S,
-                     bool(last_step) and state.time - last_step >= STUCK_AFTER_S)
+                     bool(last_step) and state.time - last_step >= STUCK_AFTER_S, group.pg)
 
 
 def pulse_facts(view: RankView, old: RankFacts, status: str) -> RankFacts | None:
