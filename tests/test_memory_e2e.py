@@ -162,7 +162,10 @@ def test_full_dev_shm_named_with_its_size(job_runner: JobRunner) -> None:
     res = subprocess.run(ddptop_cmd("doctor", "--json", job_id), env=env, capture_output=True, text=True,
                          timeout=60, check=False)
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    lost = next(f for f in json.loads(res.stdout)["findings"] if f["kind"] == "rank_lost")
+    findings = json.loads(res.stdout)["findings"]
+    # The cause's kind (#34 item 3): the worker's own error under the DataLoader's wrapper.
+    lost = next(f for f in findings if f["kind"] == "shm_pressure" and f["severity"] == "critical")
     assert "/dev/shm is full (2.0M" in lost["title"] and "DataLoader worker 0 of rank" in lost["title"], lost
     assert "No space left on device" in lost["title"] and "\n" not in lost["title"], lost
+    assert "raised as RuntimeError: Caught RuntimeError in DataLoader worker process" in lost["title"], lost
     assert "--shm-size" in lost["remedy"]

@@ -27,6 +27,7 @@ from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.diagnosis.rules_last_words import lost_peers
+from ddptop.errortext import innermost
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
@@ -124,6 +125,14 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     alike = _alike(first)
     tied = [s.rank for s in order if s.rank not in consequence and _alike(s) == alike
             and abs(_ended_at(s, histories) - t0) < TIE_S]
+    if _shm_full(first):
+        # The cause is the host's /dev/shm, not which rank's worker hit it first: every rank
+        # that failed alike is named, under the kind of the cause (#34: shm_pressure).
+        named = tied if len(tied) > 1 else [first.rank]
+        return Finding(kind="shm_pressure", severity="critical", ranks=named,
+                       victims=[s.rank for s in order if s.rank not in named],
+                       title=f"{ranks_text(named)}{where} failed at step {step}: {_how(first)}",
+                       evidence=evidence, remedy=_remedy(first), step=step, since=t0)
     by_rank = snapshot.by_rank()
     tied_hosts = {by_rank[r].host for r in tied}
     if len(tied) > 1 and len(hosts) > 1 and len(tied_hosts) == 1 and first.host:
@@ -208,13 +217,13 @@ def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
 
 
 def cause_line(text: str, limit: int = 240) -> str:
-    """The one line of a failure's text that says its cause: the innermost exception's own line
-    (a DataLoader worker's error wraps the original traceback; its last line is the cause)."""
+    """The one line of a failure's text that says its cause: the innermost error's own line,
+    and what it was raised as (a DataLoader worker's error, spawn's ProcessRaisedException and
+    a chain of causes wrap it: :func:`ddptop.errortext.innermost`)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if len(lines) <= 1:
         return (lines[0] if lines else "")[:limit]
-    raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
-    return (raised[-1] if raised else lines[-1])[:limit]
+    return innermost(text).text(limit)
 
 
 SCHEDULER_WORDS = {
@@ -300,7 +309,7 @@ def _shm_full(s: RankState) -> str:
             if s.shm_total_bytes else "")
     worker = re.search(r"DataLoader worker process (\d+)", s.exit_reason)
     who = f"DataLoader worker {worker.group(1)} of rank {s.rank}" if worker else f"rank {s.rank}"
-    return f"/dev/shm is full{size}: {who} could not hand over its batch ({cause_line(s.exit_reason, 160)})"
+    return f"/dev/shm is full{size}: {who} could not hand over its batch ({cause_line(s.exit_reason, 320)})"
 
 
 def _memory_words(s: RankState) -> str:

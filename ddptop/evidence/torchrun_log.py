@@ -38,6 +38,7 @@ from pathlib import Path
 import msgspec
 
 from ddptop.diagnosis.nccl_statements import TRACE_LAST
+from ddptop.errortext import innermost
 from ddptop.evidence.log_lines import MAX_LOG_BYTES, LogLine, read_lines
 from ddptop.evidence.log_statements import Statements, statements
 from ddptop.evidence.types import RankFailure
@@ -179,11 +180,16 @@ _RAISED = re.compile(r"^(?:[A-Za-z_][\w.]{0,120}(?:Error|Exception|Interrupt|Exi
 
 
 def _exception_line(tb: list[str]) -> str:
-    """The exception's own line: the last line naming an exception, else the last line that
-    does not belong to a frame (a warning printed after the traceback is not its cause)."""
-    for line in reversed(tb):
-        if _RAISED.match(line.strip()) and not line.startswith(" "):
-            return line.strip()[:500]
+    """The exception's own line: the innermost error where several are chained or wrapped
+    (":func:`ddptop.errortext.innermost`), else the last line naming an exception, else the
+    last line that does not belong to a frame (a warning printed after it is not its cause)."""
+    raised = [line.strip() for line in tb if _RAISED.match(line.strip()) and not line.startswith(" ")]
+    if len(raised) > 1:
+        cause = innermost("\n".join(tb))
+        if cause.error:
+            return cause.text(500)
+    if raised:
+        return raised[-1][:500]
     for line in reversed(tb):
         text = line.strip()
         if text and not text.startswith(("File ", "^", "~")) and not line.startswith("    "):

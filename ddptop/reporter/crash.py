@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from ddptop.errortext import innermost
 from ddptop.store import remains
 
 DUMP_SIGNAL = signal.SIGUSR2
@@ -121,13 +122,36 @@ class CrashCapture:
 
 def describe_exception(etype: type[BaseException], value: BaseException,
                        tb: TracebackType | None) -> str:
-    """One line: the exception and its innermost frames (bounded)."""
+    """The exception and its innermost frames (bounded). Where it wraps another error (a
+    DataLoader worker's "Caught X in DataLoader worker process N", spawn's
+    ProcessRaisedException, a chain of causes), its first line is the innermost cause
+    ("OSError: ... (raised as RuntimeError: Caught ...)"): the cap never cuts the cause off."""
     try:
         frames = traceback.extract_tb(tb)[-3:]
         where = "; ".join(f"{f.filename}:{f.lineno} in {f.name}" for f in frames)
-        return f"{etype.__name__}: {value} ({where})"[:2000]
+        told = f"{etype.__name__}: {value} ({where})"
+        cause = innermost(_chain_text(value))
+        if cause.wrapper:
+            told = f"{cause.text(600)}\n{told}"
+        return told[:2000]
     except Exception:
         return etype.__name__
+
+
+MAX_CHAIN = 16
+
+
+def _chain_text(value: BaseException) -> str:
+    """The exception and those it was raised from, innermost first, as Python prints a chain."""
+    chain: list[BaseException] = [value]
+    while len(chain) < MAX_CHAIN:
+        e = chain[-1]
+        inner = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+        if inner is None or inner in chain:
+            break
+        chain.append(inner)
+    marker = "\nThe above exception was the direct cause of the following exception:\n"
+    return marker.join(f"{type(e).__name__}: {str(e)[:4000]}" for e in reversed(chain))
 
 
 def worker_crash_path(rank_crash: Path, pid: int) -> Path:
