@@ -74,6 +74,8 @@ DETAIL_FIELDS: frozenset[str] = frozenset((
     # endings (the rank's words, and what the agent saw from outside)
     "crash_file", "exit_reason", "exit_code", "exit_signal", "exited_at", "exit_cause",
     "memory_limit_bytes", "memory_peak_bytes", "worker_crashes", "stuck",
+    # where a rank that makes no progress is in the user's code (changes when it moves)
+    "where",
     # group structure
     "collectives[].pg", "collectives[].desc", "collectives[].size", "collectives[].backend",
     "collectives[].timeout_s", "collectives[].ranks", "collectives[].last_completed",
@@ -139,7 +141,7 @@ def detail_key(s: RankState) -> tuple[Any, ...]:
         s.status, s.batches_per_epoch, s.loader_workers, s.backend, s.cpu_count, s.shm_total_bytes,
         gpu_key, s.versions, s.param_fingerprint, s.rng_fingerprint, s.crash_file, s.exit_reason,
         s.exit_code, s.exit_signal, s.exited_at, s.exit_cause, s.memory_limit_bytes, s.memory_peak_bytes,
-        s.worker_crashes, s.stuck, len(s.load_avg),
+        s.worker_crashes, s.stuck, s.where, len(s.load_avg),
         tuple(_group_key(g) for g in s.collectives),
         tuple((i.index, i.name, i.role, i.length, i.batch_size, i.workers) for i in s.loaders),
     )

@@ -260,6 +260,11 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     # Where the rank is stuck while it does not answer, read from outside by the node agent:
     # filled by viewers (from the agent's .stuck file or black box), never by the rank itself.
     stuck: StuckReport | None = None
+    # Where in the user's code the main thread is while the rank makes no progress (no step
+    # for WHERE_AFTER_S): read in-process by the reporter (the interpreter's own frames: no
+    # signal, no ptrace), its innermost frame outside torch, ddptop and the standard library;
+    # None while it progresses.
+    where: FrameStack | None = None
 
 
 class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):

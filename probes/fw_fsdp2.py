@@ -6,6 +6,10 @@ placements do not, and ddptop's parameter fingerprint must agree across ranks. E
 layer is sharded, then the root. ``PROBE_TRAIN`` (5) batches of 4 per rank for
 ``PROBE_EPOCHS`` (2) epochs, one optimizer step per batch; ``PROBE_UNEQUAL=1`` gives
 rank 1 two batches fewer. Then the ranks hold until released.
+
+``PROBE_LINGER_RANK=R`` (with ``PROBE_LINGER_AT_STEP``, default 3): rank R lingers in Python
+inside its forward pass at that step (a forward pre-hook that sleeps until ``$PROBE_RELEASE``
+appears, bounded by PROBE_SECONDS), while its peers wait in FSDP's all_gather for it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,18 @@ def main() -> None:
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
     fully_shard(model)
+    steps = [0]
+    if os.environ.get("PROBE_LINGER_RANK") == str(rank):
+        at = int(os.environ.get("PROBE_LINGER_AT_STEP", "3"))
+
+        def linger_in_forward_hook(module: nn.Module, args: object) -> None:
+            if steps[0] == at:
+                print(f"rank {rank}: step {at}: lingering in the forward hook", flush=True)
+                release = os.environ.get("PROBE_RELEASE", "")
+                while not (release and os.path.exists(release)) and time.monotonic() < end:
+                    time.sleep(0.05)  # Python, holding nothing: the peers wait in all_gather
+
+        model.register_forward_pre_hook(linger_in_forward_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = int(os.environ.get("PROBE_TRAIN", "5"))
     if os.environ.get("PROBE_UNEQUAL") == "1" and rank == 1:
@@ -51,6 +67,7 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            steps[0] += 1
             time.sleep(float(os.environ.get("PROBE_STEP_SLEEP", "0.01")))
             if time.monotonic() > end:
                 break

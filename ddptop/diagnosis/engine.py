@@ -19,6 +19,7 @@ from ddptop.diagnosis import (
     rules_wavefront,
 )
 from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.culprit_frames import with_frames
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
 from ddptop.diagnosis.memo import one_diagnosis
 from ddptop.diagnosis.story import one_story
@@ -92,5 +93,7 @@ def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
             found += [(index, f) for f in by_rule[rule]]
     found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
     found = one_story(found)  # one lead per event; what followed from it, told as its spread
+    placed = with_frames([f for _, f in found], snapshot)  # where each culprit is in the code
+    found = [(index, f) for (index, _), f in zip(found, placed, strict=True)]
     found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
     return [f for _, f in found], by_rule

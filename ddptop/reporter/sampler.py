@@ -43,6 +43,7 @@ from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
 from ddptop.reporter.store_publish import Announcer, own_endpoint
 from ddptop.reporter.system import SystemSampler
+from ddptop.reporter.where import sample_where
 from ddptop.secrets_filter import mask_value
 from ddptop.status import Status
 from ddptop.store import discovery, job_token
@@ -230,6 +231,7 @@ class Reporter:
         if torch is not None and self._torch_ready:
             self._part(self._sample_torch, s, now)
         self._part(self._sample_system, s)
+        self._part(sample_where, s, now)  # only while it makes no step: in-process, no signal
         if s.status == Status.STARTING and (p.step or p.batch_seq or s.collectives):
             s.status = "running"
         self.stats.samples += 1

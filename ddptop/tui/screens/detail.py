@@ -22,6 +22,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from ddptop.frames import frame_text
 from ddptop.model.job import RankView
 from ddptop.protocol import LoaderInfo, PendingOp
 from ddptop.source import JobSource, StatesResult
@@ -67,6 +68,8 @@ def detail_text(view: RankView, status: str, now: float, on_demand: str | None =
                 f"last state {human_duration(max(0.0, now - view.received_at))} ago\n")
     if st.exit_reason:
         text.append(f"exit reason: {st.exit_reason}\n", style="bold red")
+    if st.where is not None:  # read in-process by its reporter while it made no progress
+        text.append(f"where: {frame_text(st.where)} (main thread, no progress)\n", style="bold yellow")
     if on_demand is not None:
         on_demand_text(text, st, on_demand, now)
     _section(text, "versions")
