@@ -182,6 +182,9 @@ def test_a_rank_asleep_in_c_stays_asleep_while_it_is_named(job_runner: JobRunner
     assert took <= LIMIT_S, f"named after {took:.2f} s"
     assert "wedge()" in finding["title"] and "via py-spy" in finding["evidence"][0], finding
     assert not any("SIGUSR2" in line and "read with" in line for line in finding["evidence"]), finding
+    # Where it is in the user's code, from the outside read (#34 item 2).
+    assert any(line.startswith("rank 1 is at probes/rank_dies.py:") and " in wedge (read from outside" in line
+               for line in finding["evidence"]), finding["evidence"]
     woke = job.wait_log(r"rank 1: step (\d+): unwedged at t=([\d.]+) \(sleep left (\d+) s\)", timeout=90)
     assert woke.group(1) == wedged.group(1)  # the same step: it did nothing but sleep
     assert woke.group(3) == "0", "a signal woke the sleeping rank early"
