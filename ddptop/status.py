@@ -26,9 +26,10 @@ class Status(StrEnum):
     # teardown, or failed only because a peer was gone ("Connection closed by peer")
     TORN_DOWN = "torn_down"
     LOST = "lost"  # connection gone and no exit status known
-    # Words a viewer uses beside a rank's status, never a rank's own (not in snapshot --json's
-    # ``status``): a connection event's "connected", a rank not heard from yet ("unknown",
-    # the dashboard), and one that did not answer a one-shot snapshot ("unreachable", its table).
+    # Words a viewer uses beside a rank's status, never a rank's own: a connection event's
+    # "connected", a rank not heard from yet ("unknown", the dashboard), and one that did not
+    # answer a one-shot snapshot and of which nothing is known ("unreachable": its table, and
+    # snapshot --json's ``status`` of that rank's stub since #34).
     CONNECTED = "connected"
     UNKNOWN = "unknown"
     UNREACHABLE = "unreachable"

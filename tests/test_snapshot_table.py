@@ -53,3 +53,28 @@ def test_a_wide_terminal_shows_every_column() -> None:
     assert all(col in header for col in COLUMNS), header
     narrow = next(line for line in _render(80).splitlines() if "rank" in line and "status" in line)
     assert all(col in narrow for col in COLUMNS[:ALWAYS]) and "shm" not in narrow, narrow
+
+
+def test_every_rank_is_listed_the_silent_one_with_its_last_state() -> None:
+    """#34 item 1: a rank that did not answer appears with its last known state, its status
+    and why it did not answer (its age, where it is); one nothing is known of, as a stub."""
+    from ddptop.cli.snapshot import snapshot_rows
+    from ddptop.model.snapshot import JobInfo, JobSnapshot, with_last_known
+    from ddptop.protocol import FrameStack, RankState, StuckReport
+
+    now = 1_000_000.0
+    live = JobSnapshot(job=JobInfo(id="j", world_size=3, time=now, unreachable={
+        1: "rank 1: no answer within 5 s", 2: "rank 2: no answer within 5 s"}), ranks=[
+        RankState(rank=0, local_rank=0, world_size=3, host="h", pid=10, time=now, step=10)])
+    wedge = FrameStack(file="/work/probes/rank_dies.py", line=70, function="wedge")
+    known = {1: RankState(rank=1, local_rank=1, world_size=3, host="h", pid=11, time=now - 30, step=10,
+                          status="running", stuck=StuckReport(rank=1, pid=11, time=now, since=now - 30,
+                                                              source="py-spy", frames=[wedge]))}
+    snap = with_last_known(live, known, 3, now)
+    assert [(s.rank, s.status) for s in snap.ranks] == [(0, "running"), (1, "stale"), (2, "unreachable")]
+    assert snap.ranks[1].step == 10 and snap.ranks[1].stuck is not None
+    why = snap.job.unreachable[1]
+    assert "last state 30 s ago, at step 10" in why and "probes/rank_dies.py:70 in wedge" in why, why
+    rows = snapshot_rows(snap)
+    assert [r["rank"] for r in rows] == ["0", "1", "2"]  # one row per rank, no duplicate
+    assert rows[1]["status"] == "stale" and "last state 30 s ago" in rows[1]["pending"], rows[1]

@@ -185,6 +185,20 @@ def test_a_rank_asleep_in_c_stays_asleep_while_it_is_named(job_runner: JobRunner
     # Where it is in the user's code, from the outside read (#34 item 2).
     assert any(line.startswith("rank 1 is at probes/rank_dies.py:") and " in wedge (read from outside" in line
                for line in finding["evidence"]), finding["evidence"]
+    # The snapshot lists every rank (#34 item 1): the silent one with its status, its last
+    # state and its age, and the frame read from outside; still exit 3 (a rank did not answer).
+    res = job.run_cli("snapshot", "--json", job.job_id, timeout=60)
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    snap = json.loads(res.stdout)
+    ranks = {r["rank"]: r for r in snap["ranks"]}
+    assert sorted(ranks) == [0, 1], sorted(ranks)
+    silent = ranks[1]
+    assert (silent["status"], silent["step"]) == ("stale", int(wedged.group(1))), silent
+    assert silent["time"] > 0, silent
+    frames = silent["stuck"]["frames"] if silent["stuck"] else []
+    assert any(frame[2] == "wedge" for frame in frames), silent["stuck"]
+    why = snap["job"]["unreachable"]["1"]
+    assert "last state" in why and "in wedge (read from outside" in why, why
     woke = job.wait_log(r"rank 1: step (\d+): unwedged at t=([\d.]+) \(sleep left (\d+) s\)", timeout=90)
     assert woke.group(1) == wedged.group(1)  # the same step: it did nothing but sleep
     assert woke.group(3) == "0", "a signal woke the sleeping rank early"

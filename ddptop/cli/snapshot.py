@@ -16,14 +16,19 @@ from rich.console import Console
 from rich.table import Table
 
 from ddptop import auth
+from ddptop.bundle.reader import build_model
 from ddptop.cli.evidence_args import ended_model
 from ddptop.client.collect import target_hosts, unreachable_summary
-from ddptop.client.targets import resolve
+from ddptop.client.targets import JobTarget, resolve
 from ddptop.client.watch import live_snapshot
-from ddptop.errors import RankUnreachable
-from ddptop.model.snapshot import JobSnapshot
+from ddptop.errors import DdptopError, RankUnreachable
+from ddptop.evidence.scan import load_evidence
+from ddptop.model.snapshot import JobSnapshot, with_last_known
+from ddptop.protocol import STUB_LOCAL_RANK, RankState
 from ddptop.status import Status
 from ddptop.store import jobrecord
+from ddptop.store.progress_page import apply_page
+from ddptop.store.remains import read_progress_page, read_stuck
 from ddptop.textfmt import human_bytes, number, pending_text, percent, rank_ranges, usage_text
 
 
@@ -63,9 +68,15 @@ def snapshot_rows(snap: JobSnapshot) -> list[dict[str, str]]:
             "gpu": number(s.gpu.util_percent if s.gpu else None, "{:.0f}%"),
             "shm": usage_text(s.shm_used_bytes, s.shm_total_bytes),
         })
+    listed = {s.rank for s in snap.ranks}
+    for row in rows:
+        rank = int(row["rank"])
+        if rank in snap.job.unreachable and not row["pending"]:
+            row["pending"] = snap.job.unreachable[rank]  # why it did not answer; its last state shown
     for rank, reason in snap.job.unreachable.items():
-        rows.append({"rank": str(rank), "status": Status.UNREACHABLE.value, "pending": reason})
-    return rows
+        if rank not in listed:
+            rows.append({"rank": str(rank), "status": Status.UNREACHABLE.value, "pending": reason})
+    return sorted(rows, key=lambda row: int(row["rank"]))
 
 
 def fitting_columns(rows: list[dict[str, str]], width: int) -> list[str]:
@@ -107,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         snap = model.snapshot(at)
     else:
         snap = live_snapshot(target, auth.load_token(), args.timeout)
+        if len(snap.ranks) < target.world_size:
+            # Every rank of the job is listed: one that did not answer with its last state
+            # from the job's black box, its age and the frame its node agent read from outside.
+            snap = with_last_known(snap, _last_known(target), target.world_size, time.time())
     if args.json:
         sys.stdout.write(msgspec.json.encode(snap).decode() + "\n")
     else:
@@ -119,6 +134,34 @@ def run(args: argparse.Namespace) -> int:
         raise RankUnreachable(f"job {target.job_id} ended: {ended_summary(snap)}; "
                               f"see `ddptop doctor {target.job_id}`")
     return 0
+
+
+def _last_known(target: JobTarget) -> dict[int, RankState]:
+    """Every rank's last known state on this host, for the ranks that did not answer: its last
+    recorded state (the black box), its progress page's step (mapped shared: current even
+    while it is wedged) and where its node agent found it stuck (its ``.stuck`` report)."""
+    states: dict[int, RankState] = {}
+    if target.record is not None:
+        try:
+            contents = load_evidence([target.record], job_id=target.job_id)
+            states = build_model(contents).snapshot(time.time()).by_rank()
+        except DdptopError:
+            states = {}
+    for rank in range(target.world_size):
+        page, stuck = read_progress_page(target.job_id, rank), read_stuck(target.job_id, rank)
+        state = states.get(rank)
+        if state is None and page is None and stuck is None:
+            continue
+        if state is None:
+            pid = stuck.pid if stuck is not None else page.pid if page is not None else 0
+            state = RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=target.world_size, host="",
+                              pid=pid, job_id=target.job_id, status=Status.STALE)
+        if page is not None:
+            state = apply_page(state, page)
+        if stuck is not None and stuck.pid == state.pid:
+            state = msgspec.structs.replace(state, stuck=stuck, time=max(state.time, stuck.since))
+        states[rank] = state
+    return states
 
 
 def wait_closed(job_id: str, timeout_s: float) -> None:

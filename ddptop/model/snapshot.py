@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from ddptop.protocol import RankState
-from ddptop.status import ENDED
+from ddptop.frames import frame_text, user_frame
+from ddptop.protocol import STUB_LOCAL_RANK, RankState
+from ddptop.status import ENDED, Status
 
 
 class JobInfo(msgspec.Struct, kw_only=True):
@@ -55,3 +56,36 @@ def build_snapshot(job_id: str, world_size: int, states: list[RankState],
         nodes={r: node for r, (node, _address) in sorted((places or {}).items()) if node},
     )
     return JobSnapshot(job=info, ranks=states)
+
+
+def with_last_known(live: JobSnapshot, known: dict[int, RankState], world_size: int,
+                    now: float) -> JobSnapshot:
+    """*live* with every rank of the job listed (#34 item 1): a rank that did not answer is
+    its last known state from *known* (the job's black box, its progress page, the frame its
+    node agent read from outside), status ``stale`` while the job has not seen it end; a rank
+    nothing is known of is a stub with status ``unreachable``. ``job.unreachable`` keeps why
+    each did not answer, with its last state's age and, where its node agent read it from
+    outside, where it is (pure; the clock passed in)."""
+    have = {s.rank for s in live.ranks}
+    world = max(world_size, live.job.world_size, max(have, default=-1) + 1)
+    added: list[RankState] = []
+    for rank in range(world):
+        if rank in have:
+            continue
+        state = known.get(rank)
+        if state is None:
+            added.append(RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=world, host="", pid=0,
+                                   job_id=live.job.id, status=Status.UNREACHABLE))
+        else:
+            silent = state.status not in ENDED
+            added.append(msgspec.structs.replace(state, status=Status.STALE) if silent else state)
+            why = live.job.unreachable.get(rank, f"rank {rank}: did not answer")
+            if state.time:
+                why += f"; last state {max(0.0, now - state.time):.0f} s ago, at step {state.step}"
+            frame = user_frame(state.stuck.frames) if state.stuck is not None else None
+            if frame is not None:
+                why += f"; at {frame_text(frame)} (read from outside by its node agent)"
+            live.job.unreachable[rank] = why
+    if not added:
+        return live
+    return JobSnapshot(job=live.job, ranks=sorted([*live.ranks, *added], key=lambda s: s.rank))
