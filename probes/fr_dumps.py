@@ -31,26 +31,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from fr_writer import dump
 
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 
 
-_ONCE = threading.Lock()
-
-
-def dump(prefix: str, rank: int, fmt: str) -> None:
-    """Write this rank's Flight Recorder dump the way torch serialises it (once per process)."""
-    from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
-
-    if not _ONCE.acquire(blocking=False):
-        time.sleep(600)  # the other path is writing it and will end the process
-
-    data = _dump_fr_trace() if fmt == "pickle" else _dump_fr_trace_json()
-    raw = data if isinstance(data, bytes) else str(data).encode()
-    tmp = f"{prefix}{rank}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(raw)
-    os.replace(tmp, f"{prefix}{rank}")  # a reader never sees half a dump
 
 
 def dump_later(prefix: str, rank: int, fmt: str, after_s: float) -> None:

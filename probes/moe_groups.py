@@ -65,6 +65,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from fr_writer import ONCE, dump
 
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "400")
 
@@ -78,22 +79,6 @@ MAX_PER_EXPERT = 5  # tokens routed from one rank to one expert rank: 0..5
 STOPS = {"stop_tp": (5, "tp"), "stop_ep": (2, "ep"), "stop_dp": (6, "dp"), "killed_ep": (2, "ep")}
 KILLED = {"killed_ep": 2}
 
-_ONCE = threading.Lock()
-
-
-def dump(prefix: str, rank: int, fmt: str) -> None:
-    """Write this rank's Flight Recorder dump the way torch serialises it (once per process)."""
-    from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
-
-    if not _ONCE.acquire(blocking=False):
-        time.sleep(600)  # the other path is writing it and will end the process
-
-    data = _dump_fr_trace() if fmt == "pickle" else _dump_fr_trace_json()
-    raw = data if isinstance(data, bytes) else str(data).encode()
-    tmp = f"{prefix}{rank}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(raw)
-    os.replace(tmp, f"{prefix}{rank}")  # a reader never sees half a dump
 
 
 def wait_for_dumps(prefix: str, ranks: list[int], timeout_s: float = 60.0) -> None:
@@ -209,7 +194,7 @@ def main() -> None:
         if scenario == "healthy":
             dump_later(prefix, rank, fmt, after, dumping)
     except Exception as exc:  # gloo saw a peer go: dump, as NCCL does on an error
-        if _ONCE.locked():  # this rank has dumped: a peer that had too has left; the dump thread ends it
+        if ONCE.locked():  # this rank has dumped: a peer that had too has left; the dump thread ends it
             time.sleep(600)
         print(f"rank {rank}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr, flush=True)
         dump(prefix, rank, fmt)

@@ -23,27 +23,34 @@ RUN_TIMEOUT_S = 120.0
 _made: dict[tuple[str, str], Path] = {}
 
 
+def run_dump_probe(base: Path, probe: str, nproc: int, env: dict[str, str]) -> Path:
+    """Run a dump probe under torchrun (its own session, bounded, stopped whatever happens);
+    its dumps land in ``<base>/dumps`` (returned), its console in ``<base>/torchrun.log``."""
+    dumps = base / "dumps"
+    dumps.mkdir()
+    env = {**os.environ, **env, "PROBE_DUMP_PREFIX": str(dumps / "comm_lib_trace_rank_"),
+           "OMP_NUM_THREADS": "1", "DDPTOP_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(nproc), "--monitor-interval", "10",
+           str(PROBES / probe)]
+    with open(base / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            scenario = env.get("PROBE_SCENARIO")
+            pytest.fail(f"the {probe} job ({scenario}) did not end within {RUN_TIMEOUT_S:g} s")
+        finally:
+            stop_tree(proc)
+    return dumps
+
+
 def fr_dump_set(tmp_factory: pytest.TempPathFactory, scenario: str, fmt: str = "pickle") -> Path:
     """The folder of dumps of one run of *scenario* (cached for the session)."""
     key = (scenario, fmt)
     if key in _made:
         return _made[key]
     base = tmp_factory.mktemp(f"fr-{scenario}-{fmt}")
-    dumps = base / "dumps"
-    dumps.mkdir()
-    env = {**os.environ, "PROBE_SCENARIO": scenario, "PROBE_DUMP_FORMAT": fmt,
-           "PROBE_DUMP_PREFIX": str(dumps / "comm_lib_trace_rank_"), "OMP_NUM_THREADS": "1",
-           "DDPTOP_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "4", "--monitor-interval", "10",
-           str(PROBES / "fr_dumps.py")]
-    with open(base / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the {scenario} dump job did not end within {RUN_TIMEOUT_S:g} s")
-        finally:
-            stop_tree(proc)
+    dumps = run_dump_probe(base, "fr_dumps.py", 4, {"PROBE_SCENARIO": scenario, "PROBE_DUMP_FORMAT": fmt})
     expected = {0, 2, 3} if scenario == "killed" else {0, 1, 2, 3}
     got = {int(p.name.rsplit("_", 1)[1]) for p in dumps.iterdir() if p.name.rsplit("_", 1)[1].isdigit()}
     log_tail = (base / "torchrun.log").read_text()[-2000:]

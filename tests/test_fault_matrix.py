@@ -185,7 +185,9 @@ def rank_wedged_holding_the_gil(runner: JobRunner, tmp: Path) -> None:
         res = job.run_cli("snapshot", "--json", "--timeout", "2", job.job_id)
         doc = json.loads(res.stdout)
         assert res.returncode == 3 and list(doc["job"]["unreachable"]) == ["2"], res.stdout[:2000]
-        assert {r["rank"] for r in doc["ranks"]} == {0, 1}
+        # Every rank listed (#34): the wedged one with its last state, stale, not answering.
+        ranks = {r["rank"]: r for r in doc["ranks"]}
+        assert sorted(ranks) == [0, 1, 2] and ranks[2]["status"] == "stale", ranks.get(2)
     finally:
         fd = os.open(fifo, os.O_RDWR)  # release the wedge whatever happened
         os.write(fd, b"x")

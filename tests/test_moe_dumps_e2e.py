@@ -7,36 +7,19 @@ all_to_all) so a change of torch's writer shows here, not in a user's hands.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ddptop.evidence import frdump
-from ddptop.proctree import stop_tree
-from tests.jobs import BIN, PROBES, ddptop_cmd
+from tests.frdumps import run_dump_probe
+from tests.jobs import ddptop_cmd
 
 pytestmark = pytest.mark.slow
 
-RUN_TIMEOUT_S = 150.0
-
-
 def test_a_rank_stopped_in_its_expert_group_is_named_not_the_uneven_all_to_all(tmp_path: Path) -> None:
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    env = {**os.environ, "PROBE_SCENARIO": "stop_ep", "OMP_NUM_THREADS": "1", "DDPTOP_DISABLE": "1",
-           "PROBE_DUMP_PREFIX": str(dumps / "comm_lib_trace_rank_"), "PYTHONUNBUFFERED": "1"}
-    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "8", "--monitor-interval", "10",
-           str(PROBES / "moe_groups.py")]
-    with open(tmp_path / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the MoE dump job did not end within {RUN_TIMEOUT_S:g} s")
-        finally:
-            stop_tree(proc)
+    dumps = run_dump_probe(tmp_path, "moe_groups.py", 8, {"PROBE_SCENARIO": "stop_ep"})
     ranks = sorted(int(p.name.rsplit("_", 1)[1]) for p in dumps.iterdir())
     assert ranks == list(range(8)), (ranks, (tmp_path / "torchrun.log").read_text()[-2000:])
     # torch's writer recorded the ep group's all_to_all with each rank's own sizes.

@@ -219,7 +219,9 @@ def test_snapshot_with_an_unreachable_rank_prints_partial_results(job_runner: Jo
         os.kill(victim.pid, signal.SIGCONT)
     assert res.returncode == 3, res.stderr
     snap = json.loads(res.stdout)
-    assert [r["rank"] for r in snap["ranks"]] == [0]
+    # Every rank listed (#34): the frozen one with its last known state, stale; still named as
+    # the one that did not answer.
+    assert [(r["rank"], r["status"]) for r in snap["ranks"]] == [(0, "running"), (1, "stale")], snap["ranks"]
     assert list(snap["job"]["unreachable"]) == ["1"]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "did not answer: 1" in lines[0], res.stderr
