@@ -26,6 +26,7 @@ of a plain collective is what a hang most often is. Torch's own analyser
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
@@ -109,20 +110,37 @@ def signature(op: PendingOp) -> Signature:
     """What must be equal on every rank of *op*'s group at its seq: (op, sizes, dtype), with
     the parts the op lets differ left empty. Backend prefixes are kept out: one name."""
     name = base_name(op.op)
-    rule = RULES.get(name, _EQUAL)
-    sizes = op.sizes or []
-    inputs = sizes[0] if sizes else []
-    outputs = sizes[1] if len(sizes) > 1 else []
-    if rule.compare == "all":
-        shown = repr([inputs, outputs]) if outputs and outputs != inputs else repr(inputs)
-    elif rule.compare == "outputs":
-        shown = repr(outputs)
-    elif rule.compare == "inputs":
-        shown = repr(inputs)
+    return _signed(op, name, RULES.get(name, _EQUAL).compare)
+
+
+def _signed(op: PendingOp, name: str, compare: Compare) -> Signature:
+    sizes = op.sizes
+    if compare == "all":
+        shown = repr(sizes) if sizes else ""
+    elif compare == "outputs":
+        shown = repr(sizes[1]) if len(sizes) > 1 else ""
+    elif compare == "inputs":
+        shown = repr(sizes[0]) if sizes else ""
     else:
         shown = ""
-    dtype = "" if rule.compare == "op" else op.dtype
-    return name, shown, dtype
+    return name, shown, "" if compare == "op" else op.dtype
+
+
+def signer() -> Callable[[PendingOp], Signature | None]:
+    """:func:`signature` for the many ops of one diagnosis (every rank's in a hang at 32,768
+    ranks), the table looked up once per op name; None for a send or recv (pairs)."""
+    names: dict[str, tuple[str, Compare] | None] = {}
+
+    def sign(op: PendingOp) -> Signature | None:
+        if op.op in names:
+            known = names[op.op]
+        else:
+            base = base_name(op.op)
+            known = names[op.op] = None if base in _P2P_NAMES else (base, RULES.get(base, _EQUAL).compare)
+        if known is None or op.is_p2p:
+            return None
+        return _signed(op, *known)
+    return sign
 
 
 def allowed_difference(ops: list[PendingOp]) -> str:

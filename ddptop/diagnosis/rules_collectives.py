@@ -15,7 +15,7 @@ from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, 
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
-from ddptop.diagnosis.op_semantics import Signature, is_p2p, signature
+from ddptop.diagnosis.op_semantics import Signature, signature, signer
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
@@ -39,16 +39,18 @@ def _pending_by_seq(states: list[RankState], pg: str, now: float) -> dict[int, l
 
 def _collect_pending(states: list[RankState], pg: str, now: float) -> dict[int, list[_Entry]]:
     out: dict[int, list[_Entry]] = {}
+    sign = signer()  # the op table looked up once per op name: this runs for every rank in a hang
     for s in states:
         g = group(s, pg)
         if g is None or not g.pending:
             continue
         since_sample = max(0.0, now - s.time)
         for op in g.pending:
-            if is_p2p(op):
+            key = sign(op)
+            if key is None:
                 continue  # a send and its recv differ by design: pairs, not a collective
             age = op.age_s + since_sample if s.time else op.age_s  # op_age inline: every rank in a hang
-            out.setdefault(op.seq, []).append(_Entry(s.rank, op, age, signature(op)))
+            out.setdefault(op.seq, []).append(_Entry(s.rank, op, age, key))
     return out
 
 
