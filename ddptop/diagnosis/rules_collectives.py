@@ -152,10 +152,6 @@ def _unheard(states: list[RankState], pg: str, seq: int, entries: list[_Entry]) 
     return max(0, members - len(heard))
 
 
-def _key(op: PendingOp) -> Signature:
-    return signature(op)
-
-
 def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                      config: DiagnosisConfig) -> list[Finding]:
     """Ranks waiting in a collective a peer never entered, or every rank stuck in the same one."""
@@ -180,7 +176,7 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
             if rank not in waiting and g.seq == top and not g.pending \
                     and g.seq_changed_at and now - g.seq_changed_at >= config.stall_s:
                 op = PendingOp(seq=top, op=_UNKNOWN_OP)
-                waiting[rank] = _Entry(rank, op, now - g.seq_changed_at, _key(op))
+                waiting[rank] = _Entry(rank, op, now - g.seq_changed_at, signature(op))
         if not waiting:
             continue
         age = min(e.age for e in waiting.values())
