@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # Two cores: two pytest workers keep torchrun jobs from starving each other.
 WORKERS ?= 2
 
-.PHONY: venv demo test lint typecheck contracts unit bench mutation screenshots clean sysdeps dist
+.PHONY: venv demo test test-scale lint typecheck contracts unit bench mutation screenshots clean sysdeps dist
 
 # Services some tests start for real (a one-node SLURM cluster: tests/slurm.py), installed
 # from Debian's packages where this runs as root with apt; elsewhere those tests skip and
@@ -46,7 +46,13 @@ sysdeps:
 	fi
 
 test: $(STAMP) lint typecheck contracts sysdeps
-	$(BIN)/pytest -q -n $(WORKERS) --durations=15
+	$(BIN)/pytest -q -n $(WORKERS) --durations=15 -m "not scale"
+
+# The tests at 16,384 and 32,768 ranks: minutes of both cores each, so not in `make test`
+# (CI's 20 minutes); run them before a change to the viewer's, the agents' or the
+# diagnosis' hot paths lands.
+test-scale: $(STAMP)
+	$(BIN)/pytest -q -n $(WORKERS) --durations=5 -m scale
 
 bench: $(STAMP)
 	$(BIN)/python bench/reporter_overhead.py

@@ -199,8 +199,12 @@ class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):
 
     time: float
     rank: int
-    status: str  # Status.CONNECTED or Status.LOST (a viewer never records "stale": it is judged from time)
+    # Status.CONNECTED, Status.LOST (closed), or Status.UNREACHABLE: the connection is open or
+    # being opened but nothing came back for a while (a cut link, a dead switch, a hung host);
+    # a viewer never records "stale": it is judged from time
+    status: str
     reason: str = ""
+    since: float = 0.0  # unreachable: when it was last heard from (0: never, by this viewer)
 
 
 # What happened to a rank, as a viewer, the node agent and a recording all carry it: the one

@@ -33,6 +33,8 @@ class Host:
     ifname: str
     address: str
     hostname: str
+    switch: str = ""  # on a switch (hosts()): the switch's namespace and this host's port on it
+    port: str = ""
 
     def command(self, argv: list[str]) -> list[str]:
         """*argv* run inside this host (its network, its hostname)."""
@@ -52,8 +54,16 @@ class Host:
                               check=False)
 
     def link(self, up: bool) -> None:
-        """Bring this host's veth end up or down (down: the host vanishes from the network)."""
+        """Bring this host's veth end up or down (down: the host vanishes from the network, and
+        its own address with it: even its local processes cannot reach it there)."""
         _ip("netns", "exec", self.netns, "ip", "link", "set", self.ifname, "up" if up else "down")
+
+    def cable(self, connected: bool) -> None:
+        """Plug or pull this host's cable: its port on the switch goes down (hosts() only). The
+        host keeps its interface and address (no carrier, as with a pulled cable or a dead
+        switch port): its processes reach each other there, and nothing else."""
+        assert self.switch and self.port, "a cable needs a switch: hosts(), not two_hosts()"
+        _ip("netns", "exec", self.switch, "ip", "link", "set", self.port, "up" if connected else "down")
 
 
 def _ip(*args: str) -> None:
@@ -129,7 +139,8 @@ def hosts(count: int, ifname: str = "") -> Iterator[list[Host]]:
             created.append(host.netns)
             # Both ends are made inside the switch namespace (nothing ever sits in the machine's
             # own), then one end moves to the host.
-            port = f"sw{tag}{i}"
+            port = host.port = f"sw{tag}{i}"
+            host.switch = switch
             _ip("netns", "exec", switch, "ip", "link", "add", host.ifname, "type", "veth",
                 "peer", "name", port)
             _ip("netns", "exec", switch, "ip", "link", "set", port, "master", "br0")

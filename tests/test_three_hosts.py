@@ -6,7 +6,10 @@ run ``ddptop launch --bind 0.0.0.0`` over ``torchrun --nnodes 3``, 2 ranks each,
 and exchange news (:mod:`ddptop.agent.exchange`). Then host b fails:
 
 * its two ranks are SIGKILLed (its agent lives on and tells the others how they died);
-* or its whole tree (agent, torchrun and ranks) is SIGKILLed and its link goes down.
+* or its whole tree (agent, torchrun and ranks) is SIGKILLed and its link goes down;
+* or, with everything alive, host c's link goes down (a cut cable): a doctor started on each
+  host names host c unreachable since the cut (host c's own: every other host, its own
+  link the likely cut) while the others still wait in their collective.
 
 After the job ended everywhere, ``ddptop doctor JOB`` on host a and on host c (each from its
 own record only) names host b's ranks as the first failure, with host b, and never one of
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 WHY_NOT = unavailable()
 TOKEN = "three-hosts-test-token"
+PROBE_PG_TIMEOUT_S = 40  # how long a rank waits for a vanished peer in a collective, then fails
 
 
 @dataclass
@@ -90,7 +96,7 @@ def three_hosts(tmp_path: Path) -> Iterator[ThreeHostJob]:
     # A rank waits PROBE_PG_TIMEOUT in a collective whose peer vanished without a word (a node
     # that loses its link closes no connection), as NCCL's watchdog would, then fails.
     base = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PROBE_SECONDS="150",
-                PROBE_PG_TIMEOUT="40",
+                PROBE_PG_TIMEOUT=str(PROBE_PG_TIMEOUT_S),
                 PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", DDPTOP_TOKEN=TOKEN)
     with hosts(3) as made:
         job = ThreeHostJob(job_id, made, [], [], [])
@@ -204,3 +210,62 @@ def test_a_whole_host_lost_every_survivor_names_it_node_lost(three_hosts: ThreeH
         first = _first_failure(doc)
         assert first["ranks"][0] in (2, 3) and b.hostname in first["title"], first
         assert "lost: " + b.hostname in job.record(i)["exchange"], job.record(i)
+
+
+def _unreachable(job: ThreeHostJob, i: int, ranks: list[int], last: dict[int, str]) -> dict[str, Any] | None:
+    """The first finding of a doctor on host *i*, when it is a host_unreachable of *ranks*
+    (else None; what it said instead in *last*)."""
+    rc, doc, err = job.doctor(i)
+    assert "Traceback" not in err, err
+    findings = doc.get("findings", [])
+    said = [ln for ln in err.splitlines() if ln.startswith("ddptop")]  # not torch's store client's spew
+    last[i] = f"rc={rc} {[(f['kind'], f['ranks'], f['title']) for f in findings]} {said[-4:]}"
+    first = findings[0] if findings else {}
+    return dict(first) if first.get("kind") == "host_unreachable" and first["ranks"] == ranks else None
+
+
+def test_a_cut_link_names_the_host_from_every_side_and_the_cut_host_its_lost_peers(
+        three_hosts: ThreeHostJob) -> None:
+    job = three_hosts
+    a, b, c = job.hosts
+    cut = time.time()
+    c.cable(connected=False)  # a cut cable: host c's ranks and agent live on, nothing closes
+    told: dict[int, dict[str, Any]] = {}
+    after: dict[int, float] = {}
+    last: dict[int, str] = {}
+
+    def until_named(i: int) -> None:
+        # Doctors started one after another on host i (after the cut): each sees its live view
+        # and what its node agent's exchange recorded when the beats stopped. Before the ranks'
+        # collective times out (then they fail, and that becomes the story).
+        ranks = [0, 1, 2, 3] if i == 2 else [4, 5]  # all of them (a verdict is recorded rank by rank)
+
+        def named() -> bool:
+            found = _unreachable(job, i, ranks, last)
+            return found is not None and bool(told.setdefault(i, found))
+
+        try:
+            wait_until(named, PROBE_PG_TIMEOUT_S, f"host {i}'s doctor to name the unreachable host first")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its last doctor: {last.get(i)}") from None
+        after[i] = time.time() - cut
+
+    with ThreadPoolExecutor(3) as pool:
+        for done in [pool.submit(until_named, i) for i in (0, 1, 2)]:
+            done.result()
+    for i in (0, 1, 2):
+        print(f"doctor on {job.hosts[i].hostname}, {after[i]:.1f} s after the cut: {told[i]['title']}")
+    for i in (0, 1):  # the sides that still talk to each other: host c, since about the cut
+        first = told[i]
+        assert first["ranks"] == [4, 5] and first["severity"] == "critical", first
+        title = first["title"]
+        assert re.fullmatch(rf"host {c.hostname} unreachable since \d\d:\d\d:\d\d: ranks 4-5", title), first
+        assert cut - 3 * BEAT_S <= first["since"] <= cut + 1.0, (cut, first)
+        assert any(c.address in line for line in first["evidence"]), first["evidence"]
+    # Host c's own view: it lost every other host at once, so its own link is the likely cut.
+    own = told[2]
+    assert own["ranks"] == [0, 1, 2, 3], own
+    assert own["title"].startswith(f"every other host unreachable from {c.hostname} since "), own
+    assert f"{a.hostname} (ranks 0-1), {b.hostname} (ranks 2-3)" in own["title"], own
+    assert f"{c.hostname}'s own link" in own["title"], own
+    assert cut - 3 * BEAT_S <= own["since"] <= cut + 1.0, (cut, own)

@@ -179,7 +179,7 @@ class NodeEndpoint:
             self._digest.seed(entries)
         elif request.command == "news" and self._news_catch_up is not None:
             entries = self._news_catch_up()
-        else:
+        else:  # "ping" (a viewer asks whether this agent is there: client/reachability.py), or unknown
             entries = []
         return AgentReply(time=self._clock(), entries=entries, id=request.id)
 

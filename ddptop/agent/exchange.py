@@ -47,6 +47,7 @@ from ddptop.protocol import (
     StacksMsg,
     StateMsg,
 )
+from ddptop.status import Status
 from ddptop.store.discovery import Endpoint
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class PeerAgent:
     declared_lost: bool = False
     refused: str = ""  # why it cannot exchange with us
     unreached_noted: bool = False  # never heard, and said so
+    told_unreachable: bool = False  # its ranks are recorded unreachable from here (beats stopped)
     ranks_ended: set[int] = field(default_factory=set)
     steps: dict[int, int] = field(default_factory=dict)  # each rank's last step, from the beats
 
@@ -244,6 +246,7 @@ class Exchange:
     def _check_lost(self) -> None:
         now = self._clock()
         declare: list[PeerAgent] = []
+        silent: list[PeerAgent] = []
         retry: list[PeerAgent] = []
         unreached: list[PeerAgent] = []
         with self._lock:
@@ -251,8 +254,10 @@ class Exchange:
                 if peer.ended or peer.declared_lost or peer.refused:
                     continue
                 if peer.lost_since is None and peer.heard_at and now - peer.heard_at >= AGENT_SILENT_AFTER_S:
-                    # Its beats stopped: gone since it last spoke, lost if it stays unreachable.
+                    # Its beats stopped with its connection open: unreachable since it last spoke
+                    # (a cut link, a switch, a hung or dead host), lost if it stays so.
                     peer.lost_since, peer.gone_at, peer.retry_at = now, peer.heard_at, now
+                    silent.append(peer)
                 if peer.lost_since is None:
                     continue
                 if now - peer.lost_since >= NODE_LOST_AFTER_S and peer.heard_at:
@@ -264,6 +269,8 @@ class Exchange:
                 elif now >= peer.retry_at:
                     peer.retry_at = now + RETRY_S
                     retry.append(peer)
+        for peer in silent:
+            self._tell_reach(peer, Status.UNREACHABLE, now)
         for peer in retry:
             self._live.add_agent(peer.endpoint, peer.ranks)
         for peer in declare:
@@ -272,6 +279,24 @@ class Exchange:
             self.note(f"the node agent of {peer.node or peer.endpoint.host} ({_span(peer.ranks)}) could not "
                       f"be reached at {peer.endpoint.host}:{peer.endpoint.port}: what happened there is "
                       "unknown here")
+
+    def _tell_reach(self, peer: PeerAgent, status: str, now: float) -> None:
+        """Into this node's record: *peer*'s ranks unreachable from here since it last spoke
+        (its connection open, its beats stopped), or reachable again."""
+        node = peer.node or peer.endpoint.host
+        where = f"{peer.endpoint.host}:{peer.endpoint.port}"
+        if status == Status.UNREACHABLE:
+            peer.told_unreachable = True
+            why = (f"node agent of {node} at {where}: no beat for {now - peer.heard_at:.0f} s, its "
+                   "connection open (no close came: a cut link, a switch or a hung host look alike "
+                   "from here)")
+            log.warning("ddptop agent: %s", why)
+        else:
+            peer.told_unreachable = False
+            why = f"node agent of {node} at {where} answers again"
+        for rank in peer.ranks:
+            self._on_news(ConnectionEvent(time=now, rank=rank, status=status, reason=why,
+                                          since=peer.heard_at if status == Status.UNREACHABLE else 0.0))
 
     def _declare_lost(self, peer: PeerAgent) -> None:
         """Its node vanished: every rank of it without a known ending is lost with it."""
@@ -295,7 +320,7 @@ class Exchange:
         return self.peers.get(where) if where is not None else None
 
     def _event(self, event: Event) -> None:
-        refused = ""
+        refused, back, silent = "", False, False
         with self._lock:
             peer = self._peer_of_rank(event.rank)
             if peer is None:
@@ -307,19 +332,36 @@ class Exchange:
                 elif event.status == LOST and peer.lost_since is None and not peer.ended:
                     peer.lost_since = peer.gone_at = self._clock()
                     peer.retry_at = peer.lost_since + RETRY_S
+                elif event.status == Status.UNREACHABLE and peer.lost_since is None and not peer.ended \
+                        and peer.heard_at:
+                    # Its connection open and silent past the live source's probe: as a beat's silence.
+                    peer.lost_since, peer.gone_at = self._clock(), peer.heard_at
+                    peer.retry_at = peer.lost_since + RETRY_S
+                    silent = True
                 node = peer.node or peer.endpoint.host
             else:  # news: it lives
                 node = ""
-                peer.heard_at = self._clock()
-                peer.lost_since = None
+                back = self._heard(peer)
                 if isinstance(event, RankExit):
                     peer.ranks_ended.add(event.rank)
+        if back:
+            self._tell_reach(peer, Status.CONNECTED, self._clock())
+        elif silent:
+            self._tell_reach(peer, Status.UNREACHABLE, self._clock())
         if refused:
             self.note(f"the node agent of {node} refused this one ({refused[:120]}): another DDPTOP_TOKEN?")
         if isinstance(event, RecordEntry | RankExit):  # the agent's connection is never the rank's loss
             self._on_news(event)
 
+    def _heard(self, peer: PeerAgent) -> bool:
+        """Under self._lock: *peer* spoke; True when its ranks were recorded unreachable (and
+        not declared lost): they are reachable again."""
+        peer.heard_at = self._clock()
+        peer.lost_since = None
+        return peer.told_unreachable and not peer.declared_lost
+
     def _on_agent_message(self, agent: Endpoint, message: AgentBeat | ErrorMsg) -> None:
+        back = False
         with self._lock:
             peer = self.peers.get((agent.host, agent.port))
             if peer is None:
@@ -327,10 +369,11 @@ class Exchange:
             if isinstance(message, ErrorMsg):
                 peer.refused = message.reason
             else:
-                peer.heard_at = self._clock()
-                peer.lost_since = None
+                back = self._heard(peer)
                 peer.ended = peer.ended or message.ending
                 peer.steps.update(zip(message.ranks, message.steps, strict=False))
+        if back:
+            self._tell_reach(peer, Status.CONNECTED, self._clock())
         if isinstance(message, ErrorMsg):
             self.note(f"the node agent of {peer.node or agent.host} cannot exchange news "
                       f"(an older ddptop?): {message.reason}")

@@ -336,7 +336,8 @@ class NodeAgent:
         with self._lock:
             if isinstance(event, HostFacts):
                 self.model.places.update((r, (event.host, event.facts[ADDRESS_FACT])) for r in event.ranks)
-            elif isinstance(event, RecordEntry | RankExit):
+            elif isinstance(event, RecordEntry | RankExit | ConnectionEvent):
+                # (a ConnectionEvent: another node's agent unreachable from here, or back)
                 self._remote_ranks.add(event.rank)
                 self.model.apply(event)
 

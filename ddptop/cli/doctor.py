@@ -24,7 +24,7 @@ from rich.text import Text
 
 from ddptop import auth
 from ddptop.bundle.reader import build_model, end_time
-from ddptop.cli.evidence_args import ended_model, evidence_paths, warn
+from ddptop.cli.evidence_args import ended_model, evidence_paths, unreachable_in_record, warn
 from ddptop.client.collect import stuck_entries
 from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
@@ -110,6 +110,8 @@ def observe(target: JobTarget, watch_s: float,
                           f"{human_duration(watch_s)} (try a longer --watch)")
     for entry in stuck_entries(target):  # silent ranks of this host, read by the node agent
         feed.emit(entry)
+    for event in unreachable_in_record(target, feed.model):  # hosts this one's agent lost
+        feed.emit(event)
     return feed.model, clock()
 
 

@@ -70,7 +70,42 @@ def shifted(entry: Event, by: float) -> Event:
     return entry
 
 
-def reply_entries(reply: AgentReply, now: float) -> list[Event]:
-    """A reply's entries, on this viewer's clock: their ages as the agent saw them are kept."""
-    by = now - reply.time
+def reply_entries(reply: AgentReply, by: float) -> list[Event]:
+    """A reply's entries, on this viewer's clock (*by*: ours minus the agent's, a
+    :class:`ClockOffset`'s estimate): their ages as the agent saw them are kept."""
     return [shifted(entry, by) for entry in reply.entries]
+
+
+class ClockOffset:
+    """Our clock minus a node agent's, told apart from the time its messages spent on the way.
+
+    A message the agent stamped at its time T and we read at our time t bounds the offset
+    from above only: ours - agent's <= t - T, the rest being time it waited in the agent's
+    output buffer, the network or our own backlog. Taking every message's t - T as the
+    offset made a backlog invisible: a node whose digests were read four minutes late was
+    shown as now, and its ranks, seen before they entered a collective, were named as ranks
+    that never entered it (tests/test_scale_32k.py, on a loaded machine). The estimate is the
+    least bound seen; it rises above it only as fast as a clock slews (:data:`MAX_SLEW`), so
+    a sustained backlog shows as age while a clock that was stepped back is followed in time.
+    """
+
+    MAX_SLEW = 1e-3  # s/s: NTP slews at most 500 ppm; a backlog grows far faster than this
+
+    def __init__(self) -> None:
+        self._estimate: float | None = None
+        self._at = 0.0  # our time of the last bound
+
+    @property
+    def value(self) -> float:
+        """The estimate (0.0 before the first message: the clocks taken as equal)."""
+        return 0.0 if self._estimate is None else self._estimate
+
+    def observe(self, ours: float, theirs: float) -> float:
+        """A message stamped *theirs* read at *ours*: the estimate after it."""
+        bound = ours - theirs
+        if self._estimate is None or bound <= self._estimate:
+            self._estimate = bound
+        else:  # above the estimate: mostly delay; only a slewing or stepped clock moves it up
+            self._estimate = min(bound, self._estimate + self.MAX_SLEW * max(0.0, ours - self._at))
+        self._at = ours
+        return self._estimate

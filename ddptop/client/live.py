@@ -21,29 +21,23 @@ from collections.abc import Callable, Sequence
 
 from ddptop.client import agents
 from ddptop.client.collect import end_after_close, ended_before, stuck_stacks
-from ddptop.client.digest_view import DigestView
 from ddptop.client.handshake import Handshake
-from ddptop.client.live_requests import LiveRequests, Peer
+from ddptop.client.live_agents import AgentPeers
+from ddptop.client.live_requests import Peer
 from ddptop.client.targets import JobTarget
-from ddptop.digest import PulseBatch
 from ddptop.errors import AuthError, ProtocolError
 from ddptop.model.job import CONNECTED, LOST
 from ddptop.net import stream
 from ddptop.net.loop import ServerLoop
 from ddptop.protocol import (
-    DIGEST_FEATURE,
-    EVENT_TYPES,
     AgentBeat,
-    AgentReply,
     AuthResult,
     ConnectionEvent,
     ErrorMsg,
-    Event,
     FrTraceMsg,
     Hello,
     HistoryMsg,
     Message,
-    NodeDigest,
     RecordEntry,
     Request,
     StacksMsg,
@@ -67,7 +61,7 @@ RECV_BYTES = 1 << 20  # per read: a node agent's catch-up of 512 ranks comes in 
 GATHER_FROM_PEERS, GATHER_S = 64, 0.01
 
 
-class LiveSource(LiveRequests):
+class LiveSource(AgentPeers):
     """Subscribes to every rank of *target* and emits what they send."""
 
     live = True
@@ -118,6 +112,7 @@ class LiveSource(LiveRequests):
         self._closing: dict[int, tuple[Peer, str, float]] = {}
         self._next_id = 0
         self._stuck_check = 0.0
+        self._reach_check = 0.0  # next look at the node agents' silence (ddptop.client.reachability)
 
     @property
     def connections(self) -> int:
@@ -197,6 +192,8 @@ class LiveSource(LiveRequests):
                     self._queued.clear()
             if self._read_stuck and time.monotonic() >= self._stuck_check:
                 self._deliver_stuck()
+            if self._agent_peers and time.monotonic() >= self._reach_check:
+                self._check_reach()
             gather = GATHER_S if self.connections >= GATHER_FROM_PEERS else 0.0
             self._loop.poll(0.1 if self._closing else 0.5, gather)
 
@@ -205,6 +202,7 @@ class LiveSource(LiveRequests):
         if events & selectors.EVENT_WRITE and peer.sock is not None:
             with self._lock:
                 self._flush(peer)
+            peer.connected = peer.sock is not None
         if events & selectors.EVENT_READ and peer.sock is not None:
             self._read(peer)
 
@@ -226,7 +224,7 @@ class LiveSource(LiveRequests):
         try:
             stream.send_queued(peer.sock, peer.out)
         except OSError as exc:
-            self._lost(peer, f"connection failed: {exc.strerror or exc}")
+            self._failed(peer, exc)
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.out else 0)
         try:
@@ -240,7 +238,7 @@ class LiveSource(LiveRequests):
         try:
             got = stream.receive(peer.sock, peer.buf, RECV_BYTES)
         except OSError as exc:
-            self._lost(peer, f"connection failed: {exc.strerror or exc}")
+            self._failed(peer, exc)
             return
         except ProtocolError as exc:
             self._lost(peer, str(exc))
@@ -281,55 +279,10 @@ class LiveSource(LiveRequests):
         if isinstance(message, StateMsg | HistoryMsg | StacksMsg | FrTraceMsg | ErrorMsg):
             self._deliver(RecordEntry(time=now, rank=rank, message=message))
 
-    def _from_agent(self, peer: Peer, message: Message) -> None:
-        """What a node agent sends: its ranks' events (on our clock), and replies."""
-        peer.heard_at = time.monotonic()
-        ident = getattr(message, "id", 0)
-        fut = peer.waiting.pop(ident, None) if ident else None
-        if isinstance(message, AgentBeat | ErrorMsg) and self.on_agent is not None:
-            if isinstance(message, AgentBeat):
-                peer.shift = time.time() - message.time
-            self.on_agent(peer.endpoint, message)
-        elif isinstance(message, NodeDigest):
-            peer.shift = time.time() - message.time
-            if peer.digest is not None:
-                events, repair = peer.digest.expand(message, peer.shift)
-                for event in events:
-                    if not isinstance(event, PulseBatch):
-                        self._deliver(event)
-                    elif self._pulses is not None:
-                        self._deliver_pulses(self._pulses, event)
-                    else:  # a consumer that wants whole events (a recorder) gets states
-                        for whole in event.entries():
-                            self._deliver(whole)
-                if repair:  # a digest or a detail went missing: fresh states replace the copies
-                    self._send(peer, Request(command="state", ranks=repair, id=0))
-        elif isinstance(message, AgentReply):
-            peer.shift = time.time() - message.time
-            for entry in agents.reply_entries(message, time.time()):
-                if peer.digest is not None:
-                    peer.digest.whole(entry)
-                self._deliver(entry)
-        elif isinstance(message, EVENT_TYPES):
-            if peer.digest is not None:
-                peer.digest.whole(message)
-            self._deliver(agents.shifted(message, peer.shift))
-        if fut is not None:
-            fut.set_result(message)
-
     def _ready(self, peer: Peer) -> None:
         peer.ready = True
-        if peer.serves and self._news:  # the catch-up of endings, then each new one
-            self._send(peer, Request(command="news", id=0))
-            return
-        hello = peer.handshake.hello if peer.handshake is not None else None
-        if peer.serves and self._digest and hello is not None and DIGEST_FEATURE in hello.features:
-            peer.digest = DigestView()  # the catch-up first (whole states), then the lane
-            self._send(peer, Request(command="digest", id=0))
-            return
-        if peer.serves:  # subscribed first: nothing that happens after the catch-up is missed
-            self._send(peer, Request(command="subscribe", id=0))
-            self._send(peer, Request(command="history", id=0))
+        if peer.serves:
+            self._agent_ready(peer)
             return
         self._deliver(ConnectionEvent(time=time.time(), rank=peer.endpoint.rank, status=CONNECTED))
         if self._history:
@@ -341,22 +294,6 @@ class LiveSource(LiveRequests):
             peer.out += encode_frame(message)
             if peer.sock is not None:
                 self._flush(peer)
-
-    def _deliver(self, event: Event) -> None:
-        if self._emit is None or self._stop.is_set():
-            return
-        try:
-            self._emit(event)
-        except Exception as exc:  # a broken consumer must not kill the source
-            log.warning("ddptop: event consumer failed: %s", exc)
-
-    def _deliver_pulses(self, sink: PulseSink, batch: PulseBatch) -> None:
-        if self._stop.is_set():
-            return
-        try:
-            sink(batch)
-        except Exception as exc:  # as _deliver: a broken consumer must not kill the source
-            log.warning("ddptop: pulse consumer failed: %s", exc)
 
     def _lost(self, peer: Peer, reason: str) -> None:
         was_ready = peer.ready

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from ddptop.client.agents import ClockOffset
 from ddptop.client.collect import stuck_stacks
 from ddptop.client.digest_view import DigestView
 from ddptop.client.handshake import Handshake
@@ -39,10 +40,14 @@ class Peer:
     ready: bool = False
     waiting: dict[int, Future[Message]] = field(default_factory=dict)
     heard_at: float = field(default_factory=time.monotonic)  # last state (or the connect)
+    heard_wall: float = 0.0  # a node agent's peer: wall clock of the last thing it sent (0: none)
+    connected: bool = False  # the connect completed (its host answered)
+    unreachable: bool = False  # a node agent's peer: its ranks were told "unreachable"
+    probe: Future[Message] | None = None  # a node agent's peer: the "ping" it was last sent
     stuck_time: float = 0.0  # time of the last outside report delivered for it
     handshake: Handshake | None = None  # of the current connection
     serves: tuple[int, ...] = ()  # a node agent's peer: the ranks it serves (empty for a rank)
-    shift: float = 0.0  # a node agent's peer: our clock minus the agent's
+    clock: ClockOffset = field(default_factory=ClockOffset)  # a node agent's peer: ours minus its
     owner: Callable[[Peer, int], None] | None = None  # serves the loop's events on this socket
     digest: DigestView | None = None  # a node agent's peer on its digest lane
 

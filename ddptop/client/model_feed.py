@@ -59,7 +59,7 @@ class ModelFeed:
                 elif isinstance(message, HistoryMsg):
                     self.histories.add(event.rank)
             elif isinstance(event, RankExit) or (isinstance(event, ConnectionEvent)
-                                                 and event.status == Status.LOST):
+                                                 and event.status in (Status.LOST, Status.UNREACHABLE)):
                 self.gone.add(event.rank)
 
     def pulses(self, batch: PulseBatch) -> None:

@@ -166,9 +166,10 @@ def read_store(host: str, port: int, timeout_s: float) -> tuple[int, list[Endpoi
     """The world size and every endpoint published in the job's TCPStore at *host*:*port*
     (UsageError without torch; the store's own exception if it cannot be read)."""
     # c10d's C++ warnings ("the hostname of the client socket cannot be retrieved", printed
-    # wherever hostnames do not resolve) would break a viewer's one-line output; read once,
-    # when torch is first imported. A user's own setting wins.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # wherever hostnames do not resolve) and its errors with their C++ frames (a store that
+    # cannot be reached: the exception says it, and a viewer says it in one line) would break
+    # a viewer's output; read once, when torch is first imported. A user's own setting wins.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     try:
         from torch.distributed import TCPStore
     except ImportError:

@@ -10,6 +10,7 @@ from ddptop.diagnosis import (
     rules_divergence,
     rules_identity,
     rules_last_words,
+    rules_network,
     rules_postmortem,
     rules_progress,
     rules_reports,
@@ -43,6 +44,7 @@ RULES: tuple[Rule, ...] = (
     rules_watchdog.watchdog_timeout,
     rules_divergence.collective_divergence,
     rules_postmortem.node_lost,
+    rules_network.host_unreachable,  # a partition: before the stall it causes
     rules_postmortem.rank_lost,
     rules_unresponsive.rank_unresponsive,
     rules_progress.unequal_batches,

@@ -17,7 +17,7 @@ KINDS: frozenset[str] = frozenset((
     "unequal_batches", "collective_mismatch", "collective_stall", "straggler", "input_bound",
     "cpu_oversubscribed", "shm_pressure", "rank_lost", "param_mismatch", "version_mismatch",
     "gpu_heterogeneous", "rng_divergence", "unequal_eval_batches",
-    "rank_unresponsive", "node_lost",
+    "rank_unresponsive", "node_lost", "host_unreachable",
 ))
 
 

@@ -24,6 +24,8 @@ from ddptop.textfmt import op_tensors, op_text
 
 _UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
 
+DID_NOT_REPORT = "did not report"  # a rank of the job this viewer has no state of
+
 
 class _Entry(NamedTuple):  # a tuple: thousands per diagnosis in a hang, a frozen dataclass cost 4x
     rank: int
@@ -185,7 +187,7 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
         size = max((g.size for g in groups.values()), default=0)
         if pg == "0" or size == snapshot.job.world_size:
             for r in snapshot.job.unreachable:
-                gone.setdefault(r, "did not report")
+                gone.setdefault(r, DID_NOT_REPORT)
         op = next(iter(waiting.values())).op
         where = f"{op.op} #{top}" + ("" if pg == "0" else f" (group {pg})")
         if behind or gone:
@@ -226,10 +228,15 @@ def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int
                         f"{human_duration(now - s.time)} ago: {at})" if r in unheard
                         else f"rank {r} never entered it ({at})")
     evidence += [f"rank {r} {why}" for r, why in sorted(gone.items())]
-    never = sorted(set(lagging) - unheard)
+    # Ranks this viewer never heard from at all (no record here, unreachable): not seen outside
+    # the collective either.
+    unreported = {r for r, why in gone.items() if why == DID_NOT_REPORT}
+    never = sorted(set(lagging) - unheard - unreported)
     told = [f"{ranks_text(never)} never entered it"] if never else []
     if unheard:
         told.append(f"{ranks_text(sorted(unheard))} not heard from since it began")
+    if unreported:
+        told.append(f"{ranks_text(sorted(unreported))} never heard from")
     op = next(iter(waiting.values())).op
     if op.timeout_s:
         evidence.append(f"the watchdog fires after {human_duration(op.timeout_s)}, "

@@ -40,6 +40,7 @@ from ddptop.status import FINAL, STALE_AFTER_S, Status
 
 # Connection status words, shown in the UI next to colour.
 CONNECTED, STALE, LOST = Status.CONNECTED.value, Status.STALE.value, Status.LOST.value
+UNREACHABLE = Status.UNREACHABLE.value
 
 
 @dataclass
@@ -59,6 +60,7 @@ class RankView:
     fr_trace: FrTraceMsg | None = None
     exit: RankExit | None = None  # how the process ended, from the node agent
     lost_at: float | None = None  # when the connection was lost (no exit known)
+    unreachable_since: float = 0.0  # connection "unreachable": last heard then (0: never heard)
     stuck: StuckReport | None = None  # where it is stuck, read from outside by the node agent
     # Events folded into this view so far: what the table's row memo compares (one int,
     # not the state, the history deque and its tail) to find the few ranks that changed.
@@ -179,6 +181,11 @@ class JobModel:
         if isinstance(message, ConnectionEvent):
             view = self.view(message.rank)
             self._changed(view)
+            if message.status == UNREACHABLE:
+                if view.connection == LOST and view.base is not None:
+                    return  # heard, closed, then not reached again: the loss says more
+                if view.connection != UNREACHABLE:
+                    view.unreachable_since = message.since
             view.connection, view.connection_reason = message.status, message.reason
             if message.status == LOST and view.lost_at is None:
                 view.lost_at = message.time
@@ -303,11 +310,15 @@ class JobModel:
         """The model as a JobSnapshot (status words resolved at *now*)."""
         states: list[RankState] = []
         unreachable: dict[int, str] = {}
+        since: dict[int, float] = {}  # ranks whose connection is open (or opening) but silent
         statuses = self.statuses(now)
         for i, (rank, view) in enumerate(sorted(self.ranks.items())):
             if not i % EVERY:  # merging a pulse costs ~8 us: a long pass at 32,768 ranks
                 give_way()
             status = statuses[rank]
+            if view.connection == UNREACHABLE:
+                since[rank] = view.unreachable_since
+                unreachable[rank] = view.connection_reason
             stuck = view.current_stuck()
             if view.state is None and stuck is not None:
                 # Never heard from by this viewer, but the node agent read it from outside.
@@ -338,7 +349,7 @@ class JobModel:
             if rank not in self.ranks:
                 unreachable[rank] = "never seen"
         give_way()
-        return build_snapshot(self.job_id, self.world_size, states, unreachable, now, self.places)
+        return build_snapshot(self.job_id, self.world_size, states, unreachable, now, self.places, since)
 
     def copy(self) -> JobModel:
         """An independent copy (states are shared: nothing mutates them), for another thread
@@ -358,7 +369,8 @@ class JobModel:
         dashboard's background diagnosis: copying 4096 windows of samples cost the UI thread
         20-40 ms; its readers take a deque only through C-level calls, see recent_samples)."""
         ranks = {r: RankView(v.rank, v.base, v.pulse, v.received_at, v.connection, v.connection_reason,
-                             v.history, v.stacks, v.fr_trace, v.exit, v.lost_at, v.stuck, v.version)
+                             v.history, v.stacks, v.fr_trace, v.exit, v.lost_at, v.unreachable_since,
+                             v.stuck, v.version)
                  for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                         first_time=self.first_time, last_time=self.last_time, places=dict(self.places))

@@ -28,6 +28,9 @@ class JobInfo(msgspec.Struct, kw_only=True):
     # at, and its host's name): a victim's "Connection closed by peer [addr]:port" names a host.
     addresses: dict[int, str] = {}
     nodes: dict[int, str] = {}
+    # Ranks whose node agent is unreachable (connection open or opening, nothing back: a cut
+    # link, a switch, a hung host), with when it was last heard from (0: never by this viewer).
+    unreachable_since: dict[int, float] = {}
 
 
 class JobSnapshot(msgspec.Struct, kw_only=True):
@@ -43,7 +46,8 @@ class JobSnapshot(msgspec.Struct, kw_only=True):
 
 def build_snapshot(job_id: str, world_size: int, states: list[RankState],
                    unreachable: dict[int, str], now: float,
-                   places: dict[int, tuple[str, str]] | None = None) -> JobSnapshot:
+                   places: dict[int, tuple[str, str]] | None = None,
+                   unreachable_since: dict[int, float] | None = None) -> JobSnapshot:
     """Assemble a snapshot from states (pure)."""
     states = sorted(states, key=lambda s: s.rank)
     backends = [s.backend for s in states if s.backend]
@@ -54,6 +58,7 @@ def build_snapshot(job_id: str, world_size: int, states: list[RankState],
         unreachable=dict(sorted(unreachable.items())),
         addresses={r: address for r, (_node, address) in sorted((places or {}).items()) if address},
         nodes={r: node for r, (node, _address) in sorted((places or {}).items()) if node},
+        unreachable_since=dict(sorted((unreachable_since or {}).items())),
     )
     return JobSnapshot(job=info, ranks=states)
 

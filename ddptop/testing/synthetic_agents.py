@@ -127,6 +127,8 @@ class FakeAgents:
 
     def _handle(self, node: int, request: Request) -> Message:
         fake, now, ident, command = self.fake, time.time(), request.id, request.command
+        if command == "ping":  # a viewer asks whether this agent is there, as the real one answers
+            return AgentReply(time=now, entries=[], id=ident)
         if command not in ("history", "state", "subscribe", "stacks", "fr_trace", "digest"):
             return proto.ErrorMsg(reason=f"unsupported request {command!r}", id=ident)
         lane = command == "digest"
