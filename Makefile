@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/ddptop demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check ddptop tests bench probes
+	$(BIN)/ruff check ddptop tests bench probes docs screenshots
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from ddptop.agent import exchange as exchange_mod
 from ddptop.agent.endpoint import NodeEndpoint
-from ddptop.agent.exchange import Exchange, news_state
+from ddptop.agent.exchange import Exchange
+from ddptop.agent.serving import news_state
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget
 from ddptop.net.server import ReporterServer, ServerLoop

@@ -19,6 +19,7 @@ from ddptop.errors import AuthError
 
 TOKEN_ENV = "DDPTOP_TOKEN"
 TOKEN_FILE_ENV = "DDPTOP_TOKEN_FILE"
+MAX_TOKEN_FILE_BYTES = 4096  # a token is 64 hex digits; a file much larger is not one
 LOOPBACK_BINDS = frozenset(("127.0.0.1", "::1", "localhost"))
 
 
@@ -78,7 +79,16 @@ def load_token(explicit: str | None = None) -> str | None:
         raise AuthError(f"cannot read token file {path}: {exc.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise AuthError(f"token file {path} must be private (chmod 600), it is {oct(mode & 0o777)}")
-    token = file.read_text().strip()
+    # The user's own file, named by them: a link is followed (Kubernetes mounts secrets as
+    # links), but the read is capped, as every read of a file ddptop did not write.
+    try:
+        with open(file, "rb") as fh:
+            data = fh.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise AuthError(f"cannot read token file {path}: {exc.strerror}") from None
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise AuthError(f"token file {path} is larger than {MAX_TOKEN_FILE_BYTES} bytes: not a token")
+    token = data.decode("utf-8", "replace").strip()
     if not token:
         raise AuthError(f"token file {path} is empty")
     return token

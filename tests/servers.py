@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ddptop.client.connection import RankConnection
 from ddptop.net.server import ReporterServer
 from ddptop.protocol import Hello, Message, RankState, Request, StateMsg
 from ddptop.store import discovery
 from ddptop.wire import FrameBuffer
+from tests.rank_connection import RankConnection
 
 TOKEN = "correct horse battery staple"
 

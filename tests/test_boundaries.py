@@ -56,8 +56,9 @@ def test_install_in_a_rank_loads_no_viewer_code(tmp_path: Path) -> None:
         "import os; os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', "
         f"DDPTOP_RUNTIME_DIR={str(tmp_path)!r}, DDPTOP_JOB_ID='bt')\n"
         "import ddptop; assert ddptop.install()\n"
-        "import time; time.sleep(0.3)\n"
-        "from ddptop.reporter import current; current().shutdown()\n"
+        "import time; from ddptop.reporter import current; r = current(); t = time.monotonic()\n"
+        "while not r.stats.samples and time.monotonic() - t < 30: time.sleep(0.01)\n"  # its first sample
+        "assert r.stats.samples; r.shutdown()\n"
     )
     loaded = _modules_after(code)
     assert "ddptop.reporter.sampler" in loaded
@@ -170,6 +171,43 @@ def test_the_cycle_finder_finds_a_knot() -> None:
     graph = {k: set(v) for k, v in room_graph().items()}
     graph["client"].add("agent")
     assert any({"agent", "client"} <= set(group) for group in cycles(graph))
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT / Path(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def file_graph() -> dict[str, set[str]]:
+    """Module -> the ddptop modules it imports (a package is its __init__), from every import
+    statement: module level, in functions and under TYPE_CHECKING alike."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "ddptop").rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddptop"):
+                base = str(node.module)
+                targets = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("ddptop")]
+            else:
+                continue
+            graph.setdefault(module, set()).update(t for t in targets if t != module and _is_module(t))
+    return graph
+
+
+def test_no_import_cycle_between_files() -> None:
+    """Files import downhill too: no module reaches itself through others (#35: the four
+    circles it found were moved apart, or read through a Protocol of what they use)."""
+    graph = file_graph()
+    assert "ddptop.model.status_index" in graph["ddptop.model.job"]  # the graph is really read
+    assert cycles(graph) == []
+
+
+def test_the_file_cycle_finder_finds_a_circle() -> None:
+    graph = {k: set(v) for k, v in file_graph().items()}
+    graph["ddptop.model.status_index"].add("ddptop.model.job")  # the circle #35 found
+    assert ["ddptop.model.job", "ddptop.model.status_index"] in cycles(graph)
 
 
 @pytest.mark.parametrize("code", [

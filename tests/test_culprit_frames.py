@@ -8,7 +8,7 @@ import time
 
 from ddptop.diagnosis import diagnose
 from ddptop.frames import frame_text, user_frame
-from ddptop.model.job import RankView
+from ddptop.model.rank_view import RankView
 from ddptop.model.snapshot import build_snapshot
 from ddptop.protocol import CollectiveGroup, FrameStack, PendingOp, RankState, StuckReport
 from ddptop.reporter.where import main_thread_frames, sample_where

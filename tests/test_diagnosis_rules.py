@@ -245,6 +245,16 @@ def test_collective_stall_says_not_heard_of_a_rank_last_seen_before_the_wait() -
     assert f.title.endswith("ranks 2-3 never entered it"), f.title
 
 
+def test_collective_stall_never_says_a_rank_it_never_heard_from_did_not_enter() -> None:
+    """Ranks of the job this viewer has no state of (no record on this host, their host cut off)
+    are named, as never heard from: whether they entered cannot be known here."""
+    states = [in_collective(r, 37) for r in range(3)] + [at_seq(3, 36, changed_ago=20.0)]
+    f = only(diagnose(snap(states, world=6, unreachable={4: "no discovery record", 5: "no discovery record"}),
+                      {}, NOW), "collective_stall")
+    assert f.ranks == [3, 4, 5]
+    assert f.title.endswith("rank 3 never entered it; ranks 4-5 never heard from"), f.title
+
+
 def test_stall_at_the_first_collective_with_one_rank_missing() -> None:
     states = [in_collective(r, 1, age=7.0) for r in range(3)] + [at_seq(3, 0, changed_ago=30.0)]
     f = only(diagnose(snap(states), {}, NOW), "collective_stall")

@@ -154,8 +154,15 @@ def test_dashboard_replays_dumps_at_the_last_moment(tmp_path_factory: pytest.Tem
                 await pilot.pause(0.05)
             assert "rank 1 never entered all_reduce [64] float32 #3" in findings, findings
             await pilot.press("enter")  # the detail of rank 0: waiting in group 1
-            await pilot.pause(0.3)
-            detail = "\n".join(str(w.render()) for w in app.screen.query(Static))
+
+            def detail_text() -> str:
+                return "\n".join(str(w.render()) for w in app.screen.query(Static))
+
+            for _ in range(100):
+                if "group 1" in detail_text():
+                    break
+                await pilot.pause(0.05)
+            detail = detail_text()
             assert "group 1" in detail and "pending gloo:all_reduce #1 [64] float32" in detail, detail[-1500:]
             assert "done    gloo:all_reduce #2" in detail  # what led there: the default group's last ops
 

@@ -18,7 +18,8 @@ import pytest
 
 from ddptop.agent import exchange as exchange_mod
 from ddptop.agent.endpoint import NodeEndpoint
-from ddptop.agent.exchange import Exchange, news_state
+from ddptop.agent.exchange import Exchange
+from ddptop.agent.serving import news_state
 from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import (
     AgentBeat,

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from ddptop import auth
-from ddptop.client.connection import RankConnection
 from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING
 from ddptop.errors import AuthError
 from ddptop.protocol import PROTOCOL_VERSION, AuthResult, Hello
@@ -30,6 +29,7 @@ from ddptop.store import discovery, job_token
 from ddptop.store.discovery import Endpoint
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
 from tests.jobs import ROOT, JobRunner, ddptop_cmd
+from tests.rank_connection import RankConnection
 from tests.servers import serving
 
 
@@ -134,7 +134,7 @@ def test_a_job_is_safe_by_default_even_on_one_host(job_runner: JobRunner, tmp_pa
     token_file = job_token.path_for(job.job_id)
     assert (token_file.stat().st_mode & 0o777) == 0o600
     endpoint = next(e for e in discovery.read_records() if e.job_id == job.job_id and e.rank == 0)
-    probe = ("import sys; from ddptop.client.connection import RankConnection; "
+    probe = ("import sys; from tests.rank_connection import RankConnection; "
              "from ddptop.store.discovery import Endpoint; from ddptop.errors import AuthError\n"
              f"e = Endpoint(job_id={job.job_id!r}, rank=0, world_size=2, host='127.0.0.1', "
              f"port={endpoint.port}, pid=1)\n"

@@ -15,7 +15,6 @@ import msgspec
 import pytest
 
 from ddptop import auth
-from ddptop.client.connection import RankConnection
 from ddptop.errors import AuthError, ProtocolError, RankUnreachable
 from ddptop.net import limits
 from ddptop.net.server import MAX_CLIENT_OUTPUT, MAX_REQUEST_BYTES
@@ -23,6 +22,7 @@ from ddptop.protocol import AuthProof, AuthResult, ErrorMsg, Message, Request, S
 from ddptop.store import discovery
 from ddptop.wire import LENGTH, MAX_FRAME_BYTES, encode_frame, header_bytes
 from tests.jobs import JobRunner
+from tests.rank_connection import RankConnection
 from tests.servers import (
     TOKEN,
     closed_by_server,

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from ddptop.client.connection import RankConnection
 from ddptop.store import discovery
 from tests.jobs import JobRunner, RunningJob, alone_on_host, ddptop_cmd
+from tests.rank_connection import RankConnection
 
 # The keys issue 2 promises in `ddptop snapshot --json` (a public interface).
 RANK_KEYS = {"rank", "local_rank", "world_size", "host", "pid", "status", "step", "epoch", "batch",

@@ -14,13 +14,13 @@ import time
 import pytest
 
 from ddptop import auth
-from ddptop.client.connection import RankConnection
 from ddptop.errors import ProtocolError
 from ddptop.net import limits
 from ddptop.protocol import AuthProof, ErrorMsg, Message, ReporterStats, Request, StateMsg
 from ddptop.store import discovery, job_token
 from ddptop.wire import encode_frame, header_bytes
 from tests.jobs import JobRunner
+from tests.rank_connection import RankConnection
 from tests.servers import (
     TOKEN,
     ServerThread,

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from ddptop.client.connection import RankConnection
 from ddptop.client.targets import resolve
 from ddptop.client.watch import live_snapshot
 from ddptop.errors import UsageError
-from ddptop.model.job import LOST
+from ddptop.model.rank_view import LOST
 from ddptop.protocol import Request, StateMsg
 from ddptop.reporter.collectives import pending_from_fr
 from ddptop.testing.synthetic import FakeRanks, SyntheticJob, ensure_fd_limit, run_in_subprocess
 from ddptop.wire import HEADER, LENGTH, encode_frame, header_bytes
 from tests.jobs import wait_until
+from tests.rank_connection import RankConnection
 from tests.watched import Watched
 
 ROOT = Path(__file__).resolve().parent.parent

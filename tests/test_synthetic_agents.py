@@ -21,7 +21,7 @@ from ddptop.client.watch import live_snapshot
 from ddptop.diagnosis import findings_for_model
 from ddptop.diagnosis.finding import Finding
 from ddptop.errors import UsageError
-from ddptop.model.job import STALE
+from ddptop.model.rank_view import STALE
 from ddptop.protocol import StuckReport
 from ddptop.testing.synthetic import (
     SyntheticJob,

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from ddptop.diagnosis import diagnose
-from ddptop.model.job import RankView
+from ddptop.model.rank_view import RankView
 from ddptop.protocol import LoaderInfo
 from ddptop.reporter import collectives
 from ddptop.tui.screens.detail import detail_text

@@ -38,6 +38,17 @@ async def until(pilot: Pilot[int], cond: Callable[[], bool], timeout: float = 5.
     raise AssertionError("condition not met within the timeout")
 
 
+def _whole_json(path: Path) -> bool:
+    """Whether *path* is a whole JSON document (written, not being written)."""
+    if path.suffix != ".json":
+        return False
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def table_lines(app: DdptopApp) -> list[str]:
     """Rendered text of every visible line of the rank table."""
     table = app.query_one(RankTable)
@@ -57,7 +68,7 @@ def test_rows_header_findings_with_frozen_clock() -> None:
         app = DdptopApp(mismatch_job(), clock=lambda: NOW)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
-            await pilot.pause(0.3)
+            await until(pilot, lambda: "⚠ MISMATCH BATCHES" in "".join(table_lines(app)[2:3]))
             lines = table_lines(app)
             assert lines[0].split()[:3] == ["RANK▲", "HOST", "STATUS"]
             assert [line.split()[0] for line in lines[1:5]] == ["0", "1", "2", "3"]
@@ -119,8 +130,7 @@ def test_sort_filter_and_lost_rank() -> None:
             assert src.emit is not None
             src.emit(lost(2))
             await until(pilot, lambda: {r.rank: r.status for r in table.shown_rows}.get(2) == "lost")
-            await pilot.pause(0.3)
-            assert any("lost" in line and "⚠ LOST" in line for line in table_lines(app))
+            await until(pilot, lambda: any("lost" in line and "⚠ LOST" in line for line in table_lines(app)))
 
     asyncio.run(go())
 
@@ -157,8 +167,7 @@ def test_detail_opens_and_export_writes_json(tmp_path: Path) -> None:
             assert "pending gloo:all_gather #50" in text and "step time" in text
             await pilot.press("escape")
             await pilot.press("e")
-            await until(pilot, lambda: any(tmp_path.iterdir()))
-            await pilot.pause(0.2)
+            await until(pilot, lambda: any(_whole_json(p) for p in tmp_path.iterdir()))
         written = next(tmp_path.iterdir())
         assert written.suffix == ".json"  # a fake source has no ranks to ask: the JSON fallback
         doc = json.loads(written.read_text())

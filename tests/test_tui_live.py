@@ -72,9 +72,8 @@ def test_rows_detail_sort_filter_and_killed_rank_turns_lost(via: str, job_runner
             os.kill(victim.pid, signal.SIGKILL)
             await until(pilot, lambda: statuses(app).get(2) in ("lost", "crashed"), 30,
                         f"rank 2 lost (have {statuses(app)})")
-            await pilot.pause(0.5)
-            header = str(app.query_one("#header", Static).render())
-            assert "lost" in header or "crashed" in header
+            await until(pilot, lambda: any(w in str(app.query_one("#header", Static).render())
+                                           for w in ("lost", "crashed")), 10, "the header to count it")
 
     asyncio.run(go())
 

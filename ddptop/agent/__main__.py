@@ -35,8 +35,9 @@ def _lock(job_id: str) -> bool:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
             try:
-                holder = int(path.read_text().strip() or "0")
-            except (OSError, ValueError):
+                held = discovery.private_read(path, 64)  # a pid: capped, never through a link
+                holder = int((held or b"").strip() or b"0")
+            except ValueError:
                 holder = 0
             if holder and discovery.pid_alive(holder):
                 return False

@@ -26,25 +26,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgspec
-
 from ddptop.client.agents import agent_endpoint
 from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import JobTarget, read_store
 from ddptop.diagnosis.common import ranks_text
-from ddptop.model.job import LOST
+from ddptop.model.rank_view import LOST
 from ddptop.protocol import (
     STUB_LOCAL_RANK,
     AgentBeat,
-    CollectiveGroup,
     ConnectionEvent,
     ErrorMsg,
     Event,
     RankExit,
     RankState,
     RecordEntry,
-    StacksMsg,
     StateMsg,
 )
 from ddptop.status import Status
@@ -61,28 +57,7 @@ NODE_LOST_AFTER_S = 6.0
 RETRY_S = 2.0  # a lost peer agent is tried again this often
 DISCOVER_S = 1.0  # the store is read this often until every rank's endpoint is known
 STORE_TIMEOUT_S = 3.0
-MAX_REASON = 2000  # characters of a last word sent to the other agents
-MAX_FRAMES = 32  # frames of a stuck report sent to the other agents
 LOOPBACK = ("127.", "::1", "localhost")
-
-
-def news_state(state: RankState) -> RankState:
-    """*state* as the other agents get it: what a post-mortem reads (identity, progress,
-    how it ended, pending collectives, loaders, memory), without the bulk (recent ops, env)."""
-    groups = [CollectiveGroup(pg=g.pg, seq=g.seq, size=g.size, pending=g.pending[:4], ranks=g.ranks,
-                              last_completed=g.last_completed) for g in state.collectives[:16]]
-    return msgspec.structs.replace(state, collectives=groups, env={},
-                                   exit_reason=state.exit_reason[-MAX_REASON:],
-                                   worker_crashes=state.worker_crashes[:2], loader_worker_pids=[])
-
-
-def news_stacks(stacks: StacksMsg) -> StacksMsg:
-    """A stuck report as the other agents get it: its innermost frames only."""
-    threads = [msgspec.structs.replace(t, frames=t.frames[-MAX_FRAMES:]) for t in stacks.threads[:1]]
-    stuck = stacks.stuck
-    if stuck is not None:
-        stuck = msgspec.structs.replace(stuck, frames=stuck.frames[-MAX_FRAMES:])
-    return msgspec.structs.replace(stacks, threads=threads, stuck=stuck)
 
 
 @dataclass

@@ -16,7 +16,8 @@ thread beside the job. It is made of parts, each in its own module:
 
 Here they are put together: every event, whether a rank sent it (through a ``LiveSource``
 subscribed to each rank), the agent saw it or another node's agent told it (the exchange,
-:mod:`ddptop.agent.news`), goes into the black box and the model along one path. The agent
+:mod:`ddptop.agent.exchange`, driven by :mod:`ddptop.agent.news`), goes into the black box
+and the model along one path. The agent
 also serves the model to viewers (:mod:`ddptop.agent.endpoint`) and as Prometheus metrics
 (:mod:`ddptop.agent.metrics`). Nothing here runs inside a rank: the cost of recording is the
 agent's, never training's.
@@ -33,13 +34,12 @@ from typing import TYPE_CHECKING
 
 from ddptop import auth
 from ddptop._version import __version__
-from ddptop.agent.exchange import news_stacks, news_state
 from ddptop.agent.exits import ProcessExit
 from ddptop.agent.news import NodeNews
 from ddptop.agent.outcomes import JobFile, LostAtFinish
 from ddptop.agent.ranks import LocalRanks
 from ddptop.agent.recording import JobRecording
-from ddptop.agent.serving import ask_ranks, model_catch_up
+from ddptop.agent.serving import ask_ranks, model_catch_up, news_stacks, news_state
 from ddptop.agent.stderr_tail import CONSOLE_FILE
 from ddptop.agent.stuck import StuckWatch
 from ddptop.bundle.format import ADDRESS_FACT, SCHEMA_VERSION, Frame, HostFacts, Manifest

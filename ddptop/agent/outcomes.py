@@ -15,8 +15,9 @@ import logging
 import time
 
 from ddptop.errors import DdptopError
-from ddptop.model.job import JobModel, RankView
+from ddptop.model.job import JobModel
 from ddptop.model.outcome import Ending
+from ddptop.model.rank_view import RankView
 from ddptop.protocol import ConnectionEvent
 from ddptop.status import FINAL, Status
 from ddptop.store import jobrecord

@@ -10,13 +10,26 @@ import threading
 import time
 from itertools import islice
 
+import msgspec
 from msgspec.structs import replace
 
 from ddptop.client.live import LiveSource
 from ddptop.model.job import JobModel
-from ddptop.protocol import ErrorMsg, Event, HistoryMsg, RecordEntry, StateMsg
+from ddptop.protocol import (
+    CollectiveGroup,
+    ErrorMsg,
+    Event,
+    HistoryMsg,
+    RankState,
+    RecordEntry,
+    StacksMsg,
+    StateMsg,
+)
 
-__all__ = ["Event", "ask_ranks", "model_catch_up", "selected"]
+__all__ = ["Event", "ask_ranks", "model_catch_up", "news_stacks", "news_state", "selected"]
+
+MAX_REASON = 2000  # characters of a last word sent to the other agents
+MAX_FRAMES = 32  # frames of a stuck report sent to the other agents
 
 
 def model_catch_up(model: JobModel, ranks: set[int], now: float, samples: int | None = None) -> list[Event]:
@@ -74,3 +87,22 @@ def ask_ranks(live: LiveSource, model: JobModel, lock: threading.Lock, ranks: se
             stuck = view.stacks if view is not None and view.current_stuck() is not None else None
             entries.append(RecordEntry(time=now, rank=rank, message=stuck or ErrorMsg(reason=why)))
     return entries
+
+
+def news_state(state: RankState) -> RankState:
+    """*state* as the other agents get it: what a post-mortem reads (identity, progress,
+    how it ended, pending collectives, loaders, memory), without the bulk (recent ops, env)."""
+    groups = [CollectiveGroup(pg=g.pg, seq=g.seq, size=g.size, pending=g.pending[:4], ranks=g.ranks,
+                              last_completed=g.last_completed) for g in state.collectives[:16]]
+    return msgspec.structs.replace(state, collectives=groups, env={},
+                                   exit_reason=state.exit_reason[-MAX_REASON:],
+                                   worker_crashes=state.worker_crashes[:2], loader_worker_pids=[])
+
+
+def news_stacks(stacks: StacksMsg) -> StacksMsg:
+    """A stuck report as the other agents get it: its innermost frames only."""
+    threads = [msgspec.structs.replace(t, frames=t.frames[-MAX_FRAMES:]) for t in stacks.threads[:1]]
+    stuck = stacks.stuck
+    if stuck is not None:
+        stuck = msgspec.structs.replace(stuck, frames=stuck.frames[-MAX_FRAMES:])
+    return msgspec.structs.replace(stacks, threads=threads, stuck=stuck)

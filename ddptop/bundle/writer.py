@@ -52,7 +52,9 @@ class BundleWriter:
         if atomic:
             self.path = self._final.with_name(f".{self._final.name}.tmp{os.getpid()}")
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # Never through a link: recordings go into the runtime directory, where another
+            # user's symlink must not redirect them.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise BundleError(f"cannot write {self._final}: {exc.strerror or exc}") from None
         # Unbuffered: a member is written with os-level writes whose progress is known, so a

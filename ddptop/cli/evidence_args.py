@@ -15,7 +15,8 @@ from ddptop.bundle.reader import build_model, end_time
 from ddptop.client.targets import JobTarget
 from ddptop.errors import DdptopError, UsageError
 from ddptop.evidence.scan import load_evidence
-from ddptop.model.job import UNREACHABLE, JobModel
+from ddptop.model.job import JobModel
+from ddptop.model.rank_view import UNREACHABLE
 from ddptop.protocol import ConnectionEvent
 
 

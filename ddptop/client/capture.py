@@ -28,7 +28,8 @@ from ddptop.client.targets import JobTarget, resolve
 from ddptop.client.watch import watching
 from ddptop.diagnosis import findings_for_model
 from ddptop.errors import UsageError
-from ddptop.model.job import LOST, JobModel
+from ddptop.model.job import JobModel
+from ddptop.model.rank_view import LOST
 from ddptop.protocol import Event, FrTraceMsg, RankState, RecordEntry
 from ddptop.store import discovery
 from ddptop.store.remains import read_text_tail

@@ -1,7 +1,7 @@
-"""The viewer's side of the handshake, without I/O: one state machine for both connection kinds.
+"""The viewer's side of the handshake, without I/O: one state machine for every client.
 
-:class:`~ddptop.client.connection.RankConnection` (blocking, one rank) and
-:class:`~ddptop.client.live.LiveSource` (a selector over many) feed it the rank's ``Hello``
+:class:`~ddptop.client.live.LiveSource` (a selector over many peers, what every verb uses)
+and the tests' blocking client of one rank (``tests/rank_connection.py``) feed it the rank's ``Hello``
 and ``AuthResult`` and send what it returns; every refusal is an :class:`AuthError` whose
 words the summaries (:func:`ddptop.client.collect.unreachable_summary`) recognise.
 

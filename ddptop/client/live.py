@@ -26,7 +26,7 @@ from ddptop.client.live_agents import AgentPeers
 from ddptop.client.live_requests import Peer
 from ddptop.client.targets import JobTarget
 from ddptop.errors import AuthError, ProtocolError
-from ddptop.model.job import CONNECTED, LOST
+from ddptop.model.rank_view import CONNECTED, LOST
 from ddptop.net import stream
 from ddptop.net.loop import ServerLoop
 from ddptop.protocol import (

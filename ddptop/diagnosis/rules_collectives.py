@@ -230,7 +230,7 @@ def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int
     evidence += [f"rank {r} {why}" for r, why in sorted(gone.items())]
     # Ranks this viewer never heard from at all (no record here, unreachable): not seen outside
     # the collective either.
-    unreported = {r for r, why in gone.items() if why == DID_NOT_REPORT}
+    unreported = {r for r, why in gone.items() if why == DID_NOT_REPORT and r not in by_rank}
     never = sorted(set(lagging) - unheard - unreported)
     told = [f"{ranks_text(never)} never entered it"] if never else []
     if unheard:

@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ddptop.model.outcome import Ending, first_failure, resolved_status
+from ddptop.model.rank_view import RankView
 from ddptop.status import FINAL, STALE_AFTER_S, Status
 
-if TYPE_CHECKING:
-    from ddptop.model.job import JobModel, RankView
+
+class Views(Protocol):
+    """What the index reads of its model (:class:`ddptop.model.job.JobModel`, which holds it)."""
+
+    ranks: dict[int, RankView]
+
+    def watch_dirty(self, detail_only: bool = False) -> set[int]: ...
 
 _LOST, _STALE, _CONNECTED = Status.LOST.value, Status.STALE.value, Status.CONNECTED.value
 
@@ -32,7 +38,7 @@ _LOST, _STALE, _CONNECTED = Status.LOST.value, Status.STALE.value, Status.CONNEC
 class StatusIndex:
     """``statuses(now)`` of one model, updated from its dirty ranks (see module doc)."""
 
-    def __init__(self, model: JobModel, stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(self, model: Views, stale_after_s: float = STALE_AFTER_S) -> None:
         # The model's views, not the model: the model holds this index, and a reference back
         # made every model that had been asked a cycle, freed only by the cyclic collector (the
         # dashboard's background diagnosis drops a copy of 32,768 views and their merged states

@@ -1,4 +1,4 @@
-"""The rank's TCP server: a selector loop that never blocks the reporter thread.
+"""ddptop's TCP server, a rank's and (role "agent") the node agent's: a loop that never blocks.
 
 Each connection starts with both sides sending the stream header; the rank then sends
 ``Hello`` (with a nonce when a token is required), and a viewer may send only the fixed,

@@ -16,12 +16,16 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ddptop.store.progress_page import L_BATCH, L_COMPLETED, L_LAST_PC_F, PAGE_LOADERS, loader_base
-
-if TYPE_CHECKING:
-    from ddptop.reporter.progress import Progress
+from ddptop.store.progress_page import (
+    L_BATCH,
+    L_COMPLETED,
+    L_LAST_PC_F,
+    PAGE_LOADERS,
+    ProgressPage,
+    loader_base,
+)
 
 _perf = time.perf_counter
 MAX_LOADERS = 32  # records kept per rank: loaders re-created every epoch must not pile up
@@ -73,7 +77,26 @@ class LoaderRecord:
         return self.loader() is not None
 
 
-def record_for(p: Progress, loader: Any) -> LoaderRecord:
+class ProgressCounters(Protocol):
+    """What the loader hooks read and write of the rank's progress counters
+    (:class:`ddptop.reporter.progress.Progress`, which owns them and calls in here)."""
+
+    wait_total: float
+    loaders: list[LoaderRecord]
+    loader_by_id: dict[int, LoaderRecord]
+    loaders_seen: int
+    last_rec: LoaderRecord | None
+    last_started: LoaderRecord | None
+    train_rec: LoaderRecord | None
+    batch_seq: int
+    hook_errors: int
+    page: ProgressPage
+    page_ints: memoryview[int]
+    page_floats: memoryview[float]
+    on_epoch_start: Callable[[int], None] | None
+
+
+def record_for(p: ProgressCounters, loader: Any) -> LoaderRecord:
     """The record of *loader*, created on its first ``iter()`` (cold path)."""
     rec = p.loader_by_id.get(id(loader))
     if rec is not None and rec.loader() is loader:
@@ -93,7 +116,7 @@ def record_for(p: Progress, loader: Any) -> LoaderRecord:
     return rec
 
 
-def patch_dataloader(p: Progress) -> list[str]:
+def patch_dataloader(p: ProgressCounters) -> list[str]:
     """Patch ``DataLoader.__iter__`` and ``_BaseDataLoaderIter.__next__`` at class level."""
     from torch.utils.data import dataloader as dl
 
@@ -118,11 +141,11 @@ def patch_dataloader(p: Progress) -> list[str]:
     return ["DataLoader.__iter__", "_BaseDataLoaderIter.__next__"]
 
 
-def make_next(original_next: Callable[[Any], Any], p: Progress) -> Callable[..., Any]:
+def make_next(original_next: Callable[[Any], Any], p: ProgressCounters) -> Callable[..., Any]:
     """The patched ``__next__`` around *original_next* (also used by the benchmark)."""
 
     # Defaults bind the closure's names as locals: this runs once per batch.
-    def __next__(self: Any, _next: Callable[[Any], Any] = original_next, _p: Progress = p,
+    def __next__(self: Any, _next: Callable[[Any], Any] = original_next, _p: ProgressCounters = p,
                  _perf: Callable[[], float] = _perf) -> Any:
         t0 = _perf()
         try:
@@ -148,7 +171,7 @@ def make_next(original_next: Callable[[Any], Any], p: Progress) -> Callable[...,
     return __next__
 
 
-def start_pass(p: Progress, loader: Any, it: Any) -> None:
+def start_pass(p: ProgressCounters, loader: Any, it: Any) -> None:
     """A new pass over *loader* begins with iterator *it* (cold path, training thread)."""
     rec = record_for(p, loader)
     rec.iterator = weakref.ref(it)
@@ -169,14 +192,14 @@ def start_pass(p: Progress, loader: Any, it: Any) -> None:
         p.on_epoch_start(rec.passes - 1)
 
 
-def page_loader(p: Progress, rec: LoaderRecord) -> None:
+def page_loader(p: ProgressCounters, rec: LoaderRecord) -> None:
     """Write *rec* in full into the progress page (cold path: a pass begins)."""
     p.page.write_loader(rec.slot, rec.index, rec.name, rec.length, rec.passes, rec.completed, rec.batch,
                         rec.steps, rec.batch_size)
 
 
 def choose_training(records: list[LoaderRecord], steps_before: dict[int, int],
-                    previous: LoaderRecord | None, p: Progress) -> LoaderRecord | None:
+                    previous: LoaderRecord | None, p: ProgressCounters) -> LoaderRecord | None:
     """The training loader for this sample (reporter thread).
 
     The loader that fed the most optimizer steps since the previous sample; on a tie the

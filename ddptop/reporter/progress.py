@@ -67,7 +67,7 @@ class Progress:
         self.page = ProgressPage.private()
         self.page_ints = self.page.ints
         self.page_floats = self.page.floats
-        # Set by the agent: called on the training thread (cold paths only).
+        # Set by the reporter (reporter/sampler.py): called on the training thread (cold paths only).
         self.on_epoch_start: Callable[[int], None] | None = None
         self.on_wrap: Callable[[str, Any, Any], None] | None = None
 

@@ -166,11 +166,8 @@ class Reporter:
             self.state.status = status
             self.state.exit_reason = mask_value(reason)  # an exception may quote a secret
             path = discovery.rank_file(self.config.job_id, self.config.rank, "last")
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(msgspec.msgpack.encode(self.state))
-            os.replace(tmp, path)  # a reader never sees half a file
+            # Atomic, 0600, never through a link: a reader never sees half a file.
+            discovery.private_write(path, msgspec.msgpack.encode(self.state))
             self._last_words_written = True
         except Exception as exc:
             log.debug("ddptop: last words incomplete: %s", exc)

@@ -41,7 +41,8 @@ WORKER_DEATH = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)\s*"
 
 def read_bounded(path: str | os.PathLike[str], limit: int, *, tail: bool) -> tuple[bytes, int]:
     """At most *limit* bytes of *path* (its end when *tail*, else its start) and its size;
-    never through a link. The one way a file from a rank or from elsewhere is read; OSError."""
+    never through a link: how a file of a rank's or from elsewhere that may be large is read
+    (small private files whole: :func:`ddptop.store.discovery.private_read`); OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size

@@ -7,16 +7,12 @@ once the generator printed its ``ready`` banner (every discovery record is writt
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import resource
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -106,52 +102,3 @@ def run_in_subprocess(n_ranks: int, job_id: str, scenario: str = "healthy", inte
         raise DdptopError(f"synthetic job {job_id} did not start within {ready_timeout:g} s: {tail}")
     errors.close()
     return handle
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line of ``python -m ddptop.testing.synthetic``: serve a synthetic job until
-    --seconds pass or SIGTERM/SIGINT."""
-    from ddptop.testing.synthetic import SCENARIOS, SyntheticJob  # it imports this module
-
-    parser = argparse.ArgumentParser(prog="python -m ddptop.testing.synthetic",
-                                     description="A synthetic job: N fake ranks speaking the real protocol.")
-    parser.add_argument("--ranks", type=int, required=True)
-    parser.add_argument("--job-id", required=True)
-    parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between a rank's samples")
-    parser.add_argument("--seconds", type=float, default=0.0, help="stop after S s (0: never)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fake-gpu", action="store_true", help="report a fake NVIDIA GPU per rank (nccl)")
-    parser.add_argument("--steps-per-s", type=float, default=2.0)
-    parser.add_argument("--desync-after", type=float, default=3.0,
-                        help="desync, hang, silent: seconds until the event")
-    parser.add_argument("--lost-after", type=float, default=3.0, help="lost: seconds until a rank vanishes")
-    parser.add_argument("--ranks-per-agent", type=int, default=0,
-                        help="also serve the ranks through one node agent per N ranks (0: no agents)")
-    parser.add_argument("--agents-only", action="store_true",
-                        help="only the node agents listen (viewers need DDPTOP_VIA=agent); "
-                             "--ranks-per-agent defaults to 8")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="ddptop-synthetic: %(message)s")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    job = SyntheticJob(args.ranks, args.job_id, args.scenario, args.interval, seed=args.seed,
-                       fake_gpu=args.fake_gpu, steps_per_s=args.steps_per_s, desync_after_s=args.desync_after,
-                       lost_after_s=args.lost_after, token=os.environ.get("DDPTOP_TOKEN") or None, viewers=0,
-                       ranks_per_agent=args.ranks_per_agent or (8 if args.agents_only else 0),
-                       rank_servers=not args.agents_only)
-    try:
-        job.start()
-        ports = [e.port for e in job.endpoints]
-        event = f", event at {job.event_at:.3f}" if job.event_at is not None else ""
-        odd = f"odd rank {job.odd_rank}{event}"
-        print(f"ready: job {args.job_id}, {args.ranks} ranks ({args.scenario}, {odd}) on "
-              f"127.0.0.1 ports {min(ports)}-{max(ports)}, records in {job.runtime_dir}", flush=True)
-        stop.wait(args.seconds if args.seconds > 0 else None)
-    except DdptopError as exc:
-        print(f"ddptop-synthetic: error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        job.stop()
-    return 0

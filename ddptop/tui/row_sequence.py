@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
 from ddptop.tui.rows import GroupRow, RankRow
-from ddptop.tui.sort_index import sorted_ranks
+from ddptop.tui.sort_index import SortedFacts, sorted_ranks
 
-if TYPE_CHECKING:
-    from ddptop.tui.row_index import RowIndex
+
+class Rows(SortedFacts, Protocol):
+    """What the sequence reads of the table's index (:class:`ddptop.tui.row_index.RowIndex`):
+    rows built on demand, and what the sort reads."""
+
+    def row(self, rank: int) -> RankRow: ...
+
+    def filled(self, group: GroupRow) -> GroupRow: ...
+
+    def known(self) -> list[int]: ...
 
 Shown = RankRow | GroupRow
 
@@ -24,7 +32,7 @@ Shown = RankRow | GroupRow
 class RowSequence(Sequence[Shown]):
     """The table's rows of one redraw, built on demand (the table paints ~50 of 32,768)."""
 
-    def __init__(self, index: RowIndex, entries: Sequence[int | GroupRow], by_rank: bool) -> None:
+    def __init__(self, index: Rows, entries: Sequence[int | GroupRow], by_rank: bool) -> None:
         self._index = index
         self._entries = entries
         self._by_rank = by_rank  # entries are rank ids in ascending order

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddptop.diagnosis.desync import RankFacts, facts_of, leads_of, marks_of
-from ddptop.model.job import JobModel, RankView
+from ddptop.model.job import JobModel
+from ddptop.model.rank_view import RankView
 from ddptop.protocol import RankState, Sample
 from ddptop.status import Status
 from ddptop.textfmt import human_bytes, human_duration, pending_text, rank_ranges, usage_text

@@ -18,13 +18,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import compress
 from operator import attrgetter, not_
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ddptop.model.job import RankView
+from ddptop.model.job import JobModel
+from ddptop.model.rank_view import RankView
 
 if TYPE_CHECKING:
     from ddptop.diagnosis.desync import RankFacts
-    from ddptop.tui.row_index import RowIndex
+
+
+class SortedFacts(Protocol):
+    """What the sort reads of the table's index (:class:`ddptop.tui.row_index.RowIndex`)."""
+
+    model: JobModel
+    statuses: dict[int, str]  # of the index's latest refresh
+    marks: dict[int, list[str]]
+
+    @property
+    def every_fact(self) -> dict[int, RankFacts]: ...
 
 # Rows of ranks never heard from hold the defaults: "" for the host, None for every number.
 _EMPTY: dict[str, Any] = {"host": ""}
@@ -58,14 +69,14 @@ def _gpu_mem(view: RankView | None) -> float | None:
     return used / gpu.mem_total_bytes if used is not None and gpu.mem_total_bytes else None
 
 
-def _of_facts(index: RowIndex, ranks: list[int], read: Callable[[RankFacts], Any]) -> list[Any]:
+def _of_facts(index: SortedFacts, ranks: list[int], read: Callable[[RankFacts], Any]) -> list[Any]:
     # What the index read last (a rank the model got since has no facts yet: no value).
     views, facts = index.model.ranks, index.every_fact
     return [None if (v := views.get(r)) is None or v.base is None or (f := facts.get(r)) is None
             else read(f) for r in ranks]
 
 
-def _values(index: RowIndex, ranks: list[int], key: str) -> list[Any]:
+def _values(index: SortedFacts, ranks: list[int], key: str) -> list[Any]:
     """Each rank's value for column *key*, aligned with *ranks*; None where the row has none."""
     views = index.model.ranks
     if key == "rank":
@@ -94,7 +105,7 @@ def _values(index: RowIndex, ranks: list[int], key: str) -> list[Any]:
     raise KeyError(key)
 
 
-def sorted_ranks(index: RowIndex, ranks: list[int], key: str, reverse: bool) -> list[int]:
+def sorted_ranks(index: SortedFacts, ranks: list[int], key: str, reverse: bool) -> list[int]:
     """*ranks* (ascending) in the order ``sort_rows(rows, key, reverse)`` puts their rows."""
     values = _values(index, ranks, key)
     words = index.statuses

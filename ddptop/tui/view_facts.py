@@ -13,7 +13,7 @@ numbers that move at every sample are read. Both equal ``facts_of(view.state, st
 from __future__ import annotations
 
 from ddptop.diagnosis.desync import STUCK_AFTER_S, RankFacts, facts_of, oldest_pending
-from ddptop.model.job import RankView
+from ddptop.model.rank_view import RankView
 
 
 def facts_of_view(view: RankView, status: str) -> RankFacts:

@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ddptop.frames import frame_text
-from ddptop.model.job import RankView
+from ddptop.model.rank_view import RankView
 from ddptop.protocol import LoaderInfo, PendingOp
 from ddptop.source import JobSource, StatesResult
 from ddptop.textfmt import human_bytes, human_duration, op_tensors, percent, rank_ranges
