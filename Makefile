@@ -5,10 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
-# Two cores: two pytest workers keep torchrun jobs from starving each other.
+# Two cores: two pytest workers keep torchrun jobs from starving each other. --dist loadgroup:
+# tests that share a session's costly fixture (xdist_group) run on one worker, the rest spread.
 WORKERS ?= 2
 
-.PHONY: venv demo test test-scale lint typecheck contracts unit bench mutation screenshots clean sysdeps dist
+.PHONY: venv demo test test-long lint typecheck contracts unit bench mutation screenshots clean sysdeps dist
 
 # Services some tests start for real (a one-node SLURM cluster: tests/slurm.py), installed
 # from Debian's packages where this runs as root with apt; elsewhere those tests skip and
@@ -37,7 +38,7 @@ contracts: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not slow" -n $(WORKERS)
+	$(BIN)/pytest -q -m "not slow" -n $(WORKERS) --dist loadgroup
 
 sysdeps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmd >/dev/null; then \
@@ -46,13 +47,15 @@ sysdeps:
 	fi
 
 test: $(STAMP) lint typecheck contracts sysdeps
-	$(BIN)/pytest -q -n $(WORKERS) --durations=15 -m "not scale"
+	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15 -m "not long"
 
-# The tests at 16,384 and 32,768 ranks: minutes of both cores each, so not in `make test`
-# (CI's 20 minutes); run them before a change to the viewer's, the agents' or the
-# diagnosis' hot paths lands.
-test-scale: $(STAMP)
-	$(BIN)/pytest -q -n $(WORKERS) --durations=5 -m scale
+# The long tests (marker "long"): 16,384 and 32,768 ranks, and the variants of end-to-end
+# paths that a shorter test in `make test` walks too (more frameworks, more faults, more
+# hosts). Not in `make test`, which CI runs within 20 minutes on a 2-core machine; run them
+# before a change to the viewer's, the agents' or the diagnosis' hot paths, or to the
+# code a variant exercises, lands.
+test-long: $(STAMP)
+	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15 -m long
 
 bench: $(STAMP)
 	$(BIN)/python bench/reporter_overhead.py

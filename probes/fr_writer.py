@@ -17,15 +17,20 @@ ONCE = threading.Lock()
 
 
 def dump(prefix: str, rank: int, fmt: str) -> None:
-    """Write this rank's Flight Recorder dump to ``<prefix><rank>`` (once per process)."""
+    """Write this rank's Flight Recorder dump to ``<prefix><rank>`` (once per process). *fmt*
+    "both": the JSON one to ``<PROBE_DUMP_PREFIX_JSON><rank>`` first, then the pickle one to
+    ``<prefix><rank>``, of the same moment (one job gives the tests both formats)."""
     from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
 
     if not ONCE.acquire(blocking=False):
         time.sleep(600)  # the other path is writing it and will end the process
 
-    data = _dump_fr_trace() if fmt == "pickle" else _dump_fr_trace_json()
-    raw = data if isinstance(data, bytes) else str(data).encode()
-    tmp = f"{prefix}{rank}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(raw)
-    os.replace(tmp, f"{prefix}{rank}")  # a reader never sees half a dump
+    targets = [("json", os.environ["PROBE_DUMP_PREFIX_JSON"]), ("pickle", prefix)] if fmt == "both" \
+        else [(fmt, prefix)]
+    for one, where in targets:
+        data = _dump_fr_trace() if one == "pickle" else _dump_fr_trace_json()
+        raw = data if isinstance(data, bytes) else str(data).encode()
+        tmp = f"{where}{rank}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(raw)
+        os.replace(tmp, f"{where}{rank}")  # a reader never sees half a dump

@@ -1,7 +1,8 @@
 """Real Flight Recorder dump sets, made by real torchrun jobs (probes/fr_dumps.py), once a session.
 
 ``fr_dump_set(tmp_factory, scenario, fmt)`` runs the scenario's 4-rank gloo job, in a
-session of its own, bounded, and returns the folder holding its dumps and torchrun's
+session of its own, bounded, and returns the folder holding its dumps in that format (the
+run writes both: the tests of one module share it, on one xdist worker: ``xdist_group``) and torchrun's
 console log (``torchrun.log``, kept beside the dumps in a sibling folder so that a folder
 of dumps alone stays a folder of dumps). The culprit each scenario plants is ``CULPRIT``.
 """
@@ -45,15 +46,20 @@ def run_dump_probe(base: Path, probe: str, nproc: int, env: dict[str, str]) -> P
 
 
 def fr_dump_set(tmp_factory: pytest.TempPathFactory, scenario: str, fmt: str = "pickle") -> Path:
-    """The folder of dumps of one run of *scenario* (cached for the session)."""
+    """The folder of *fmt* dumps of one run of *scenario* (cached for the session: one run
+    writes both formats at the same moment, each rank's pickle and JSON dump)."""
     key = (scenario, fmt)
     if key in _made:
         return _made[key]
-    base = tmp_factory.mktemp(f"fr-{scenario}-{fmt}")
-    dumps = run_dump_probe(base, "fr_dumps.py", 4, {"PROBE_SCENARIO": scenario, "PROBE_DUMP_FORMAT": fmt})
+    base = tmp_factory.mktemp(f"fr-{scenario}")
+    json_dumps = base / "dumps-json"
+    json_dumps.mkdir()
+    dumps = run_dump_probe(base, "fr_dumps.py", 4, {
+        "PROBE_SCENARIO": scenario, "PROBE_DUMP_FORMAT": "both",
+        "PROBE_DUMP_PREFIX_JSON": str(json_dumps / "comm_lib_trace_rank_")})
     expected = {0, 2, 3} if scenario == "killed" else {0, 1, 2, 3}
     got = {int(p.name.rsplit("_", 1)[1]) for p in dumps.iterdir() if p.name.rsplit("_", 1)[1].isdigit()}
     log_tail = (base / "torchrun.log").read_text()[-2000:]
     assert got == expected, f"{scenario}: dumps of ranks {sorted(got)}; log: {log_tail}"
-    _made[key] = dumps
-    return dumps
+    _made[(scenario, "pickle")], _made[(scenario, "json")] = dumps, json_dumps
+    return _made[key]

@@ -152,6 +152,10 @@ def _recording(settled: Settled, seen: list[WindowValues]) -> Settled:
     return recorded
 
 
+# One worker builds the models once for the module (make test: --dist loadgroup).
+pytestmark = [pytest.mark.long, pytest.mark.xdist_group("diagnosis-scale")]
+
+
 @pytest.fixture(scope="module")
 def models() -> dict[str, tuple[JobModel, float]]:
     out = {scenario: build_model(scenario) for scenario in SCENARIOS}

@@ -19,7 +19,9 @@ from ddptop.evidence import frdump
 from tests.frdumps import CULPRIT, SCENARIOS, fr_dump_set
 from tests.jobs import JobRunner, ddptop_cmd
 
-pytestmark = pytest.mark.slow
+# One worker runs them all (make test: --dist loadgroup): the dump sets they share are made
+# once a session, by one job per scenario.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("frdumps")]
 
 
 def doctor(*paths: Path | str, rc: int = 1) -> list[dict[str, Any]]:

@@ -254,6 +254,12 @@ FAULTS: dict[str, Callable[[JobRunner, Path], None]] = {
 }
 
 
-@pytest.mark.parametrize("fault", list(FAULTS))
+# The rank's own deaths are walked by tests/test_postmortem_e2e.py and test_stacks_outside.py
+# too: here they are long variants (make test-long); the faults of ddptop's own parts stay.
+LONG_FAULTS = frozenset(("rank SIGKILLed", "rank SIGSEGV", "rank SIGSTOPped", "rank wedged holding the GIL"))
+
+
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.long) if f in LONG_FAULTS else f
+                                   for f in FAULTS])
 def test_fault(fault: str, job_runner: JobRunner, tmp_path: Path) -> None:
     FAULTS[fault](job_runner, tmp_path)

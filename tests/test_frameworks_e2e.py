@@ -90,8 +90,12 @@ def _start(job_runner: JobRunner, case: Expected, tmp_path: Path, unequal: bool)
     return job_runner.start(case.probe, nproc=NPROC, env=env), release
 
 
+# Lightning and the HF Trainer in make test; the other loops are long variants (make test-long).
+REAL = ("lightning", "hf_trainer")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n if n in REAL else pytest.param(n, marks=pytest.mark.long) for n in CASES])
 def test_training_loader_steps_epoch_batch(job_runner: JobRunner, tmp_path: Path, name: str) -> None:
     """After training, every rank reports the training loader's numbers, not an evaluation loader's."""
     case = CASES[name]
@@ -125,7 +129,8 @@ def test_training_loader_steps_epoch_batch(job_runner: JobRunner, tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lightning", "hf_trainer", "fsdp2", "plain_accum_compile"])
+@pytest.mark.parametrize("name", ["lightning", *(pytest.param(n, marks=pytest.mark.long)
+                                                 for n in ("hf_trainer", "fsdp2", "plain_accum_compile"))])
 def test_planted_unequal_training_split_is_flagged(job_runner: JobRunner, tmp_path: Path, name: str) -> None:
     """Rank 1's training loader is shorter: doctor names it as unequal_batches."""
     case = CASES[name]

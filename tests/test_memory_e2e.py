@@ -70,7 +70,8 @@ def memory_cgroup() -> Iterator[Path]:
         assert not path.exists(), f"cgroup {path} left behind"
 
 
-@pytest.mark.parametrize("agent_held", [False, True], ids=["as-it-comes", "reaped-first"])
+@pytest.mark.parametrize("agent_held", [False, pytest.param(True, marks=pytest.mark.long)],
+                         ids=["as-it-comes", "reaped-first"])
 def test_oom_kill_named_from_the_kernels_word(job_runner: JobRunner, memory_cgroup: Path,
                                               agent_held: bool) -> None:
     """With ``agent_held``, the node agent is held stopped (SIGSTOP of ``ddptop launch``, never

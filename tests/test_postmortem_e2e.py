@@ -134,6 +134,7 @@ def test_sigkill_from_outside(job_runner: JobRunner) -> None:
     assert ended[2]["signal"] == "SIGKILL", ended[2]
 
 
+@pytest.mark.long  # a SIGKILL's ending: test_sigkill_from_outside in make test
 def test_a_rank_torchrun_reaped_first_ends_as_torchrun_saw_it(job_runner: JobRunner) -> None:
     """The node agent reads a dead rank's wait status from its zombie, and torchrun may reap it
     first (seen in CI on a loaded machine: the rank read ``lost``). Here the agent is held
@@ -174,7 +175,7 @@ def test_dataloader_worker_segfault(job_runner: JobRunner) -> None:
     assert ended[2]["status"] == "crashed" and ended[2]["signal"] != "SIGSEGV", ended[2]
 
 
-@pytest.mark.parametrize("skip", [1, 2])
+@pytest.mark.parametrize("skip", [pytest.param(1, marks=pytest.mark.long), 2])
 def test_skipped_collective_names_the_skipping_rank_as_one_story(job_runner: JobRunner, skip: int) -> None:
     """#33's "two stories": a rank skips a metric all_reduce; gloo aborts a peer that receives
     the skipper's gradient bucket. One lead names the skipper; the aborted rank is its victim,
@@ -225,6 +226,7 @@ def replay_steps(job: RunningJob) -> dict[int, int]:
     return {int(r): int(s) for r, s in pairs}
 
 
+@pytest.mark.long
 def test_sigkill_between_samples_keeps_the_step_it_died_at(job_runner: JobRunner) -> None:
     """A rank that dies of SIGKILL right after a step, with samples a second apart: only its
     progress page knows the step (its last sample is older); the record must say that step."""

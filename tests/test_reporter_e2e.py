@@ -177,6 +177,7 @@ def test_pending_collective_age_and_stacks(job_runner: JobRunner) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 8 ranks on 2 cores: the four-rank tests walk the same path
 def test_eight_ranks(job_runner: JobRunner) -> None:
     """The one 8-rank job: every rank answers and advances (kept short)."""
     world = 8

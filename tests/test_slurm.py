@@ -20,7 +20,8 @@ from tests import slurm
 from tests.jobs import PROBES, JobRunner, RunningJob, ddptop_cmd
 from tests.ports import unused_port
 
-pytestmark = pytest.mark.slow
+# One worker: the module's one cluster serves every test (make test: --dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 REASON = slurm.missing()
 
 
@@ -108,6 +109,7 @@ def test_ddptop_launch_around_srun_watches_the_tasks_and_names_scancel(cluster: 
     assert "cancelled by SLURM (scancel)" in str(first["title"]) and first["severity"] == "info", first
 
 
+@pytest.mark.long  # SLURM's limits are whole minutes: a minute of waiting
 def test_a_time_limit_is_named_as_such(cluster: slurm.Cluster, job_runner: JobRunner) -> None:
     """SLURM's time limit (1 minute, the shortest): SIGTERM, then SIGKILL after KillWait."""
     job = srun(cluster, job_runner, "ddptop-limit", {"PROBE_DEATH": "none", "PROBE_SECONDS": "150"},

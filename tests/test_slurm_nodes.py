@@ -33,7 +33,8 @@ from tests import netns, slurm
 from tests.jobs import BIN, PROBES, ddptop_cmd
 from tests.ports import namespace_port
 
-pytestmark = pytest.mark.slow
+# One worker: the module's one cluster serves every test (make test: --dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm-two-nodes")]
 REASON = slurm.missing() or netns.unavailable()
 TOKEN = "slurm-two-nodes-token"
 
@@ -150,6 +151,7 @@ def test_a_two_node_job_with_private_tmp_is_seen_whole_from_either_node(
 WEDGE = {"PROBE_DEATH": "wedge_gil", "PROBE_DIE_RANK": "3", "PROBE_DIE_AT_STEP": "10", "PROBE_WEDGE_S": "100"}
 
 
+@pytest.mark.long  # a wedged rank read from outside: tests/test_stacks_outside.py on one node
 @pytest.mark.parametrize("two_node_job", [WEDGE], indirect=True, ids=["rank-3-wedged"])
 def test_a_rank_wedged_on_the_other_node_is_read_from_outside_there_and_named_here(
         two_nodes: slurm.Cluster, two_node_job: tuple[subprocess.Popen[bytes], str, Path]) -> None:

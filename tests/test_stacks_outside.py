@@ -205,7 +205,8 @@ def test_a_rank_asleep_in_c_stays_asleep_while_it_is_named(job_runner: JobRunner
     assert float(woke.group(2)) - float(wedged.group(2)) >= 29.5
 
 
-@pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
+@pytest.mark.parametrize("use_pyspy", [False, pytest.param(True, marks=pytest.mark.long)],
+                         ids=["no-pyspy", "pyspy"])
 def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner, tmp_path: Path) -> None:
     env = pyspy_env(use_pyspy)
     fifo = tmp_path / "release"
@@ -243,7 +244,8 @@ def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner
     assert not stuck.exists()
 
 
-@pytest.mark.parametrize("use_pyspy", [False, True], ids=["no-pyspy", "pyspy"])
+@pytest.mark.parametrize("use_pyspy", [False, pytest.param(True, marks=pytest.mark.long)],
+                         ids=["no-pyspy", "pyspy"])
 def test_stopped_rank_named_stopped(use_pyspy: bool, job_runner: JobRunner) -> None:
     env = pyspy_env(use_pyspy)
     job = job_runner.start("healthy", nproc=2, interval=INTERVAL, env={"PROBE_SECONDS": "90", **env})

@@ -146,6 +146,7 @@ def _first_failure(doc: dict[str, Any]) -> dict[str, Any]:
     return dict(lost[0])
 
 
+@pytest.mark.long  # the exchange's endings; the cut cable below keeps three hosts in make test
 def test_one_hosts_ranks_killed_every_survivor_names_them_and_their_host(three_hosts: ThreeHostJob) -> None:
     job = three_hosts
     a, b, c = job.hosts
@@ -175,6 +176,7 @@ def test_one_hosts_ranks_killed_every_survivor_names_them_and_their_host(three_h
         assert "exchanged news with 2 of 2" in job.record(i)["exchange"]
 
 
+@pytest.mark.long
 def test_a_whole_host_lost_every_survivor_names_it_node_lost(three_hosts: ThreeHostJob) -> None:
     job = three_hosts
     a, b, c = job.hosts
