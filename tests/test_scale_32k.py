@@ -32,6 +32,7 @@ def _told(title: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.xdist_group("ranks-at-scale")  # never two generators of 16k+ ranks at once
 @pytest.mark.timeout(600)  # bounded waits inside: the generator's start, every rank once, the finding
 def test_32768_ranks_one_never_enters_the_collective_and_is_named_through_the_agents(
         runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, generators: list[SyntheticProcess]) -> None:

@@ -71,6 +71,7 @@ def test_agents_only_in_process_serves_every_rank_through_its_agent(
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.xdist_group("ranks-at-scale")  # never two generators of 16k+ ranks at once
 def test_16384_ranks_agents_only_fit_the_fd_limit_and_every_rank_is_seen(
         runtime_dir: Path, via_agent: None, generators: list[SyntheticProcess]) -> None:
     n, agents = 16384, 16384 // 8
