@@ -82,8 +82,9 @@ class LiveSource(AgentPeers):
         self.bytes_in = 0  # bytes received from every peer (a benchmark's measure)
         self.foreground = Foreground()  # a dashboard's redraws and keys go first
         self.on_agent: Callable[[Endpoint, AgentBeat | ErrorMsg], None] | None = None
-        # A viewer reads a dead rank's last words from the runtime directory; the node agent
-        # reads them itself (with more: exit status, workers' crashes) and says no.
+        # A viewer on the rank's host reads a dead rank's last words from the runtime directory
+        # (a rank on another host: its node agent tells them); the node agent reads them itself
+        # (with more: exit status, workers' crashes) and says no.
         self._read_remains = read_remains
         # ... and where a silent rank is stuck, from the node agent's report (the agent itself
         # writes those reports and says no).
