@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from ddptop.client.agents import agent_endpoint
 from ddptop.client.handshake import NOT_THE_RANK, TOKEN_MISSING, TOKEN_REFUSED
 from ddptop.client.live import LiveSource
+from ddptop.client.reachability import agent_label
 from ddptop.client.targets import JobTarget, read_store
 from ddptop.diagnosis.common import ranks_text
 from ddptop.model.rank_view import LOST
@@ -258,17 +259,15 @@ class Exchange:
     def _tell_reach(self, peer: PeerAgent, status: str, now: float) -> None:
         """Into this node's record: *peer*'s ranks unreachable from here since it last spoke
         (its connection open, its beats stopped), or reachable again."""
-        node = peer.node or peer.endpoint.host
-        where = f"{peer.endpoint.host}:{peer.endpoint.port}"
+        label = agent_label(peer.endpoint)  # agent_endpoint() kept the node name of its ranks
         if status == Status.UNREACHABLE:
             peer.told_unreachable = True
-            why = (f"node agent of {node} at {where}: no beat for {now - peer.heard_at:.0f} s, its "
-                   "connection open (no close came: a cut link, a switch or a hung host look alike "
-                   "from here)")
+            why = (f"{label}: no beat for {now - peer.heard_at:.0f} s, its connection open (no close "
+                   "came: a cut link, a switch or a hung host look alike from here)")
             log.warning("ddptop agent: %s", why)
         else:
             peer.told_unreachable = False
-            why = f"node agent of {node} at {where} answers again"
+            why = f"{label} answers again"
         for rank in peer.ranks:
             self._on_news(ConnectionEvent(time=now, rank=rank, status=status, reason=why,
                                           since=peer.heard_at if status == Status.UNREACHABLE else 0.0))
@@ -295,7 +294,7 @@ class Exchange:
         return self.peers.get(where) if where is not None else None
 
     def _event(self, event: Event) -> None:
-        refused, back, silent = "", False, False
+        refused, back = "", False
         with self._lock:
             peer = self._peer_of_rank(event.rank)
             if peer is None:
@@ -307,22 +306,16 @@ class Exchange:
                 elif event.status == LOST and peer.lost_since is None and not peer.ended:
                     peer.lost_since = peer.gone_at = self._clock()
                     peer.retry_at = peer.lost_since + RETRY_S
-                elif event.status == Status.UNREACHABLE and peer.lost_since is None and not peer.ended \
-                        and peer.heard_at:
-                    # Its connection open and silent past the live source's probe: as a beat's silence.
-                    peer.lost_since, peer.gone_at = self._clock(), peer.heard_at
-                    peer.retry_at = peer.lost_since + RETRY_S
-                    silent = True
                 node = peer.node or peer.endpoint.host
             else:  # news: it lives
                 node = ""
                 back = self._heard(peer)
                 if isinstance(event, RankExit):
                     peer.ranks_ended.add(event.rank)
+        # (The live source's own "unreachable", at 10 s, is not needed here: the beats' rule
+        # in _check_lost says it at 8 s, for every peer that spoke.)
         if back:
             self._tell_reach(peer, Status.CONNECTED, self._clock())
-        elif silent:
-            self._tell_reach(peer, Status.UNREACHABLE, self._clock())
         if refused:
             self.note(f"the node agent of {node} refused this one ({refused[:120]}): another DDPTOP_TOKEN?")
         if isinstance(event, RecordEntry | RankExit):  # the agent's connection is never the rank's loss

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from ddptop.client.live_requests import Peer
 from ddptop.protocol import ConnectionEvent
 from ddptop.status import Status
+from ddptop.store.discovery import Endpoint
 
 PROBE_AFTER_S = 3.0  # an agent sends every interval (states, digests, beats): 3 s is silence
 # Then no answer to the probe either: well within the 15 s in which a person wants the host
@@ -36,17 +37,17 @@ CHECK_EVERY_S = 1.0
 UNREACHABLE_ERRNOS = frozenset((errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT))
 
 
-def agent_label(peer: Peer) -> str:
-    """How a node agent's connection is named: its host's name and where it listens."""
-    where = f"{peer.endpoint.host}:{peer.endpoint.port}"
-    node = peer.endpoint.node
-    return f"node agent of {node} at {where}" if node else f"node agent at {where}"
+def agent_label(endpoint: Endpoint) -> str:
+    """How a node agent is named in a reason: its host's name and where it listens (the
+    viewer's probe and the agents' exchange say it alike)."""
+    where = f"{endpoint.host}:{endpoint.port}"
+    return f"node agent of {endpoint.node} at {where}" if endpoint.node else f"node agent at {where}"
 
 
 def unreachable_events(peer: Peer, now: float, why: str) -> list[ConnectionEvent]:
     """The ranks *peer* serves, unreachable at *now* (wall clock) because of *why*."""
     peer.unreachable = True
-    reason = f"{agent_label(peer)}: {why}"
+    reason = f"{agent_label(peer.endpoint)}: {why}"
     return [ConnectionEvent(time=now, rank=rank, status=Status.UNREACHABLE, reason=reason,
                             since=peer.heard_wall) for rank in peer.serves]
 
@@ -58,7 +59,7 @@ def heard(peer: Peer, mono: float, now: float) -> list[ConnectionEvent]:
     if not peer.unreachable:
         return []
     peer.unreachable = False
-    reason = f"{agent_label(peer)} answers again"
+    reason = f"{agent_label(peer.endpoint)} answers again"
     return [ConnectionEvent(time=now, rank=rank, status=Status.CONNECTED, reason=reason)
             for rank in peer.serves]
 
