@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ddptop.cli.evidence_args import evidence_paths, warn
-from ddptop.client.capture import export_bundle, export_contents
+from ddptop import api
+from ddptop.api.targets import evidence_paths
+from ddptop.cli.evidence_warnings import warn
 from ddptop.client.collect import target_hosts, unreachable_summary
-from ddptop.client.targets import resolve
+from ddptop.client.targets import JobTarget, resolve
 from ddptop.errors import RankUnreachable
-from ddptop.evidence.scan import load_evidence
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -37,28 +37,15 @@ def _progress(stage: str, done: int, total: int) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the bundle, print a one-line summary; exit 3 if some ranks did not answer."""
     paths = evidence_paths(args.target)
-    if paths:
-        contents = load_evidence(paths)
-        warn(contents.warnings)
-        summary = export_contents(contents, args.output, job_id=contents.manifest.job_id,
-                                  world_size=contents.manifest.world_size, progress=_progress,
-                                  note=f"from evidence files ({contents.manifest.note})")
-        print(summary.line(), file=sys.stderr)
-        return 0
-    target = resolve(args.target[0] if args.target else None, store_timeout_s=args.timeout)
-    if target.ended:
-        assert target.record is not None
-        contents = load_evidence([target.record], job_id=target.job_id)
-        warn(contents.warnings)
-        print(export_contents(contents, args.output, job_id=target.job_id, world_size=target.world_size,
-                              progress=_progress, note="from the record of an ended job").line(),
-              file=sys.stderr)
-        return 0
-    summary = export_bundle(target, args.output, progress=_progress if sys.stderr else None,
-                            timeout=args.timeout)
+    target = paths or resolve(args.target[0] if args.target else None, store_timeout_s=args.timeout)
+    warnings: list[str] = []
+    try:
+        summary = api.export(target, args.output, timeout=args.timeout, progress=_progress, warnings=warnings)
+    finally:
+        warn(warnings)
     print(summary.line(), file=sys.stderr)
     missing = {r: why for r, why in summary.unanswered.items() if not why.startswith("stacks:")}
-    if missing:
+    if missing and isinstance(target, JobTarget):
         why = unreachable_summary(missing, target_hosts(target))
         raise RankUnreachable(f"{why}; the bundle holds the rest")
     return 0

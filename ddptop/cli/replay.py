@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from ddptop.api.targets import evidence_paths
 from ddptop.bundle.replay_source import ReplaySource
-from ddptop.cli.evidence_args import evidence_paths, warn
+from ddptop.cli.evidence_warnings import warn
 from ddptop.client.targets import resolve
 from ddptop.errors import TargetNotFound
 from ddptop.evidence.scan import load_evidence

@@ -1,7 +1,7 @@
 """``ddptop snapshot [--json] [TARGET]``: every rank's state, once.
 
-Watches the job through the same live source and model as ``doctor`` and the dashboard
-(:mod:`ddptop.client.watch`) until every rank answered once, or reads an ended job's record.
+Prints :func:`ddptop.api.snapshot`: the job watched through the same live source and model
+as ``doctor`` and the dashboard until every rank answered once, or an ended job's record.
 Exit 0 when every rank answered; 3 (after printing what did answer) when some did not.
 """
 
@@ -15,20 +15,13 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from ddptop import auth
-from ddptop.bundle.reader import build_model
-from ddptop.cli.evidence_args import ended_model
+from ddptop import api
+from ddptop.cli.evidence_warnings import warn
 from ddptop.client.collect import target_hosts, unreachable_summary
-from ddptop.client.targets import JobTarget, resolve
-from ddptop.client.watch import live_snapshot
-from ddptop.errors import DdptopError, RankUnreachable
-from ddptop.evidence.scan import load_evidence
-from ddptop.model.snapshot import JobSnapshot, with_last_known
-from ddptop.protocol import STUB_LOCAL_RANK, RankState
+from ddptop.client.targets import resolve
+from ddptop.errors import RankUnreachable
+from ddptop.model.snapshot import JobSnapshot
 from ddptop.status import Status
-from ddptop.store import jobrecord
-from ddptop.store.progress_page import apply_page
-from ddptop.store.remains import read_progress_page, read_stuck
 from ddptop.textfmt import human_bytes, number, pending_text, percent, rank_ranges, usage_text
 
 
@@ -110,18 +103,11 @@ def render_table(snap: JobSnapshot, now: float, width: int = 200) -> Table:
 def run(args: argparse.Namespace) -> int:
     """Print the snapshot; non-zero if a rank did not answer."""
     target = resolve(args.target, store_timeout_s=args.timeout)
-    if target.ended:
-        # No rank is left to ask: the job's record says how each ended, at which step (as
-        # `doctor` and `replay` read it), instead of "N rank(s) did not answer".
-        wait_closed(target.job_id, args.timeout)
-        model, at = ended_model(target)
-        snap = model.snapshot(at)
-    else:
-        snap = live_snapshot(target, auth.load_token(), args.timeout)
-        if len(snap.ranks) < target.world_size:
-            # Every rank of the job is listed: one that did not answer with its last state
-            # from the job's black box, its age and the frame its node agent read from outside.
-            snap = with_last_known(snap, _last_known(target), target.world_size, time.time())
+    warnings: list[str] = []
+    try:
+        snap = api.snapshot(target, timeout=args.timeout, warnings=warnings)
+    finally:
+        warn(warnings)
     if args.json:
         sys.stdout.write(msgspec.json.encode(snap).decode() + "\n")
     else:
@@ -134,45 +120,6 @@ def run(args: argparse.Namespace) -> int:
         raise RankUnreachable(f"job {target.job_id} ended: {ended_summary(snap)}; "
                               f"see `ddptop doctor {target.job_id}`")
     return 0
-
-
-def _last_known(target: JobTarget) -> dict[int, RankState]:
-    """Every rank's last known state on this host, for the ranks that did not answer: its last
-    recorded state (the black box), its progress page's step (mapped shared: current even
-    while it is wedged) and where its node agent found it stuck (its ``.stuck`` report)."""
-    states: dict[int, RankState] = {}
-    if target.record is not None:
-        try:
-            contents = load_evidence([target.record], job_id=target.job_id)
-            states = build_model(contents).snapshot(time.time()).by_rank()
-        except DdptopError:
-            states = {}
-    for rank in range(target.world_size):
-        page, stuck = read_progress_page(target.job_id, rank), read_stuck(target.job_id, rank)
-        state = states.get(rank)
-        if state is None and page is None and stuck is None:
-            continue
-        if state is None:
-            pid = stuck.pid if stuck is not None else page.pid if page is not None else 0
-            state = RankState(rank=rank, local_rank=STUB_LOCAL_RANK, world_size=target.world_size, host="",
-                              pid=pid, job_id=target.job_id, status=Status.STALE)
-        if page is not None:
-            state = apply_page(state, page)
-        if stuck is not None and stuck.pid == state.pid:
-            state = msgspec.structs.replace(state, stuck=stuck, time=max(state.time, stuck.since))
-        states[rank] = state
-    return states
-
-
-def wait_closed(job_id: str, timeout_s: float) -> None:
-    """A job that just ended: give its node agent up to *timeout_s* to record how the last
-    ranks ended and close the record (it may still be writing), so no rank reads as running."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = jobrecord.read_record(job_id)
-        if record is None or record.ended:
-            return
-        time.sleep(0.1)
 
 
 def ended_summary(snap: JobSnapshot) -> str:

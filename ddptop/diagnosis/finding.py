@@ -47,3 +47,4 @@ class FindingsReport(msgspec.Struct, kw_only=True):
     findings: list[Finding]
     job_id: str = ""
     time: float = 0.0
+    ranks_seen: int = 0  # added with ddptop.api: how many ranks the diagnosis saw

@@ -1,7 +1,7 @@
 """The `e` key: a diagnosis bundle of a live job, else (a replay) a JSON snapshot.
 
-``ddptop.client.capture.export_bundle(target, path)`` collects a live job into a bundle
-over its own connections. Runs in a worker thread (a bundle asks every rank for history,
+``ddptop.api.export(target, path)`` collects a live job into a bundle over its own
+connections, as ``ddptop export`` does. Runs in a worker thread (a bundle asks every rank for history,
 stacks and FR traces), on a copy of the model taken on the UI thread.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from ddptop.client.capture import export_bundle
+from ddptop import api
 from ddptop.client.live import LiveSource
 from ddptop.model.job import JobModel
 from ddptop.source import JobSource
@@ -44,5 +44,5 @@ def export(source: JobSource, model: JobModel, now: float, directory: Path | Non
         return path, f"wrote a JSON snapshot: {path}"
     path = default_path(model, now, ".ddptop", directory)
     # A fresh connection set collects histories, stacks and FR traces (export_bundle's job).
-    summary = export_bundle(source.target, path)
+    summary = api.export(source.target, path)
     return summary.path, summary.line()

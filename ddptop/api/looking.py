@@ -1,0 +1,192 @@
+"""The api's looks at one job: its ranks' states, its findings, a stream of both, a bundle.
+
+Each function returns what its verb's ``--json`` prints, as typed values: ``snapshot`` a
+:class:`~ddptop.model.snapshot.JobSnapshot` (``ddptop snapshot --json``), ``diagnose`` a
+:class:`~ddptop.diagnosis.finding.FindingsReport` (``ddptop doctor --json``). The verbs are
+thin printers over these functions, so a script and a person see the same answer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import msgspec
+
+from ddptop import auth
+from ddptop.api.targets import (
+    Target,
+    ended_model,
+    evidence_paths,
+    job_of,
+    last_known,
+    unreachable_in_record,
+    wait_closed,
+)
+from ddptop.bundle.reader import build_model, end_time
+from ddptop.client.capture import ExportSummary, Progress, export_bundle, export_contents
+from ddptop.client.collect import stuck_entries
+from ddptop.client.model_feed import ModelFeed
+from ddptop.client.targets import JobTarget
+from ddptop.client.watch import live_snapshot, watching
+from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
+from ddptop.errors import DdptopError, UsageError
+from ddptop.evidence.scan import load_evidence
+from ddptop.model.job import JobModel
+from ddptop.model.snapshot import JobSnapshot, with_last_known
+from ddptop.textfmt import human_duration
+
+DEFAULT_WATCH_S = 3.0
+MIN_STATES = 2  # states per rank before diagnose stops early: one sample cannot show a trend
+
+
+class Evidence(msgspec.Struct, kw_only=True):
+    """What files a job left behind tell: every rank's last state, the findings, and what
+    could not be read (one line each: a truncated dump, a log line of an unknown shape)."""
+
+    snapshot: JobSnapshot
+    findings: FindingsReport
+    warnings: list[str]
+
+
+class Update(msgspec.Struct, kw_only=True):
+    """One look at a watched job: every rank's state and the findings at ``snapshot.job.time``."""
+
+    snapshot: JobSnapshot
+    findings: FindingsReport
+
+
+def snapshot(target: Target = None, *, timeout: float = 5.0,
+             warnings: list[str] | None = None) -> JobSnapshot:
+    """Every rank's state, once: of a live job after each rank answered (or *timeout* ran
+    out; those that did not are in ``job.unreachable`` with why, with their last known state),
+    of an ended job as its job record tells it."""
+    job = job_of(target, timeout)
+    if job.ended:
+        # No rank is left to ask: the job record says how each ended, at which step.
+        wait_closed(job.job_id, timeout)
+        model, at = ended_model(job, [] if warnings is None else warnings)
+        return model.snapshot(at)
+    snap = live_snapshot(job, auth.load_token(), timeout)
+    if len(snap.ranks) < job.world_size:
+        # Every rank of the job is listed: one that did not answer with its last state from
+        # the job's black box, its age and the frame its node agent read from outside.
+        snap = with_last_known(snap, last_known(job), job.world_size, time.time())
+    return snap
+
+
+def diagnose(*targets: Target, watch: float = DEFAULT_WATCH_S,
+             warnings: list[str] | None = None) -> FindingsReport:
+    """The findings of a job or of what it left behind, worst first: a live job is watched for
+    up to *watch* seconds (less once every rank sent two states), an ended one read from its
+    job record, paths read as evidence. Warnings about the evidence go to *warnings*."""
+    model, now = read_model(list(targets), watch, [] if warnings is None else warnings)
+    return report_of(model, now)
+
+
+def read_evidence(*paths: str | os.PathLike[str]) -> Evidence:
+    """What the files a job left (dumps, logs, error files, recordings, bundles) tell."""
+    missing = [os.fspath(p) for p in paths if not (Path(p).exists() or Path(p).is_symlink())]
+    if missing or not paths:
+        raise UsageError(f"no such file or folder: {', '.join(missing)}" if missing else "no path given")
+    contents = load_evidence([Path(p) for p in paths])
+    model, now = build_model(contents), end_time(contents)
+    return Evidence(snapshot=model.snapshot(now), findings=report_of(model, now),
+                    warnings=list(contents.warnings))
+
+
+def watch(target: Target = None, *, every: float = 1.0, timeout: float = 5.0) -> Iterator[Update]:
+    """A live job, looked at every *every* seconds until every rank has ended or the caller
+    stops iterating (the connections close then). An ended job yields its one last look."""
+    job = job_of(target, timeout)
+    if job.ended:
+        model, at = ended_model(job, [])
+        yield Update(snapshot=model.snapshot(at), findings=report_of(model, at))
+        return
+    feed = ModelFeed(job.job_id, job.world_size)
+    ranks = range(job.world_size)
+    with watching(job, feed, token=auth.load_token(), connect_timeout=timeout):
+        feed.wait_settled(ranks, timeout)  # the first look has every rank that answers
+        while True:
+            model, now = feed.copy(), time.time()
+            yield Update(snapshot=model.snapshot(now), findings=report_of(model, now))
+            with feed.lock:
+                if job.world_size and len(feed.gone) >= job.world_size:
+                    return  # every rank is gone: nothing more will come
+            time.sleep(every)
+
+
+def export(target: Target | Sequence[str | os.PathLike[str]], path: str | os.PathLike[str], *,
+           timeout: float = 5.0, progress: Progress | None = None,
+           warnings: list[str] | None = None) -> ExportSummary:
+    """A diagnosis bundle at *path* of a live job (ranks that do not answer are listed in its
+    ``unanswered``, never fatal), an ended job (from its job record), or evidence: a path, or
+    a list of them."""
+    said = [] if warnings is None else warnings
+    words: list[str | os.PathLike[str]] = []
+    job: Target = None
+    if isinstance(target, (list, tuple)):
+        words = list(target)
+        if not words:
+            raise UsageError("no path given")
+    elif isinstance(target, (str, os.PathLike)):
+        words, job = [target], target
+    elif isinstance(target, JobTarget):
+        job = target
+    paths = evidence_paths(words)
+    if paths:
+        contents = load_evidence(paths)
+        said.extend(contents.warnings)
+        return export_contents(contents, path, job_id=contents.manifest.job_id,
+                               world_size=contents.manifest.world_size, progress=progress,
+                               note=f"from evidence files ({contents.manifest.note})")
+    resolved = job_of(job, timeout)
+    if resolved.ended:
+        assert resolved.record is not None
+        contents = load_evidence([resolved.record], job_id=resolved.job_id)
+        said.extend(contents.warnings)
+        return export_contents(contents, path, job_id=resolved.job_id, world_size=resolved.world_size,
+                               progress=progress, note="from the record of an ended job")
+    return export_bundle(resolved, path, progress=progress, timeout=timeout)
+
+
+def read_model(targets: list[Target], watch_s: float, warnings: list[str]) -> tuple[JobModel, float]:
+    """The job *targets* name, as a model and the moment it describes: evidence files (dumps,
+    logs, recordings), an ended job's record, or a live job watched for up to *watch_s*."""
+    words = [t for t in targets if t is not None and not isinstance(t, JobTarget)]
+    paths = evidence_paths(words) if len(words) == len(targets) else []
+    if paths:
+        contents = load_evidence(paths)
+        warnings.extend(contents.warnings)
+        return build_model(contents), end_time(contents)
+    job = job_of(targets[0] if targets else None)
+    if job.ended:
+        return ended_model(job, warnings)
+    return observe(job, watch_s)
+
+
+def observe(job: JobTarget, watch_s: float) -> tuple[JobModel, float]:
+    """Attach to a live job, fold its events for up to *watch_s*; the model and the time.
+
+    Stops early once every rank has sent ``MIN_STATES`` states (or is gone): by then each
+    rank's history and current state are in, and waiting longer adds nothing to a snapshot.
+    """
+    feed = ModelFeed(job.job_id, job.world_size)
+    with watching(job, feed, token=auth.load_token()):
+        feed.wait_settled(range(job.world_size), watch_s, states=MIN_STATES, tick_s=0.2)
+    if not feed.heard_from_any():
+        raise DdptopError(f"no rank of job {job.job_id} sent its state within "
+                          f"{human_duration(watch_s)} (try a longer --watch)")
+    for entry in stuck_entries(job):  # silent ranks of this host, read by the node agent
+        feed.emit(entry)
+    for event in unreachable_in_record(job, feed.model):  # hosts this one's agent lost
+        feed.emit(event)
+    return feed.model, time.time()
+
+
+def report_of(model: JobModel, now: float) -> FindingsReport:
+    """The findings of *model* at *now*, as ``doctor --json`` prints them."""
+    found: list[Finding] = findings_for_model(model, now)
+    return FindingsReport(findings=found, job_id=model.job_id, time=now, ranks_seen=len(model.ranks))
