@@ -69,7 +69,7 @@ mutation: $(STAMP)
 	$(BIN)/python bench/mutation.py --sample $(MUTATION_SAMPLE) --budget-s $(MUTATION_BUDGET) --survivors
 
 # The sdist and the wheel in dist/ (the wheel is built from the sdist, so a file the sdist
-# lacks fails here). Install the wheel where there is no checkout: README.md, "Install".
+# lacks fails here). Install the wheel where there is no checkout: docs/install.md.
 dist: $(STAMP)
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .

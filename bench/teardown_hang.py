@@ -1,4 +1,4 @@
-"""Count jobs that hang at exit, with and without ddptop: the gloo teardown race (README).
+"""Count jobs that hang at exit, with and without ddptop: the gloo teardown race (docs/limitations.md).
 
     .venv/bin/python bench/teardown_hang.py [--runs 20] [--nproc 2] [--timeout 40]
 

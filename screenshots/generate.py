@@ -1,4 +1,4 @@
-"""Produce the README's dashboard screenshots from real runs (SVG, headless).
+"""Produce the dashboard screenshots of the README and docs/dashboard.md from real runs (SVG, headless).
 
 Runs a healthy 4-rank CPU job and the F5 unseeded-split job under ``ddptop launch``, opens
 the dashboard headless on each, and saves::

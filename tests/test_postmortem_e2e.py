@@ -93,7 +93,7 @@ def test_python_exception_on_one_rank(job_runner: JobRunner) -> None:
     assert not [p.name for p in job.runtime_dir.rglob("*") if p.is_file() and b"Hunter2Canary" in _plain(p)]
     ended = assert_victims(job, culprit=2)
     # The exit code is read from outside before torchrun reaps the rank; when torchrun wins
-    # (a known race, see README) the rank's own last words still say it crashed.
+    # (a known race, see docs/limitations.md) the rank's own last words still say it crashed.
     assert ended[2]["status"] == "crashed" and ended[2]["exit_code"] in (1, None), ended[2]
 
 

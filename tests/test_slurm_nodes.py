@@ -5,7 +5,7 @@ interface ``ddpt0``: tests/netns.py) are two SLURM nodes: slurmctld on the first
 on each (tests/slurm.py), and SLURM's ``job_container/tmpfs`` giving every job its own /tmp
 and /dev/shm on every node, as clusters that share nodes configure it. The job is a DDP
 script written for SLURM (``srun -N 2 -n 4 python train.py``, ``ddptop.install()`` first,
-no torchrun, no node agent), multi-node as the README says: ``DDPTOP_BIND=0.0.0.0`` and a
+no torchrun, no node agent), multi-node as docs/clusters.md says: ``DDPTOP_BIND=0.0.0.0`` and a
 shared ``DDPTOP_TOKEN``.
 
 A person on either node, in an SSH session outside the job (the node's own /tmp, where the

@@ -1,6 +1,6 @@
 """The install a newcomer types (#37): the built wheel in a fresh venv without torch.
 
-ddptop is not on the package index; README.md's "Install" tells users to install it from a
+ddptop is not on the package index; docs/install.md tells users to install it from a
 clone or from the wheel `make dist` builds. This test does what a login node does with that
 wheel: it builds the sdist and, from the sdist, the wheel (`python -m build`, as `make dist`,
 on a copy of the checkout so nothing is written into it), makes a plain venv from the base

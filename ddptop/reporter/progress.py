@@ -268,7 +268,7 @@ def _patch_wrappers() -> list[str]:
     wrappers assign the user's module (``self.module = module``, FSDP's
     ``_fsdp_wrapped_module``) before they verify parameter shapes across ranks, so the
     fingerprint exists even when that verification fails (catalog F1). A public hook
-    leaves DDP's own code and frames untouched (see README, known limitations, for the
+    leaves DDP's own code and frames untouched (see docs/limitations.md for the
     torch 2.13 gloo teardown deadlock this was investigated against).
     """
     from torch.nn.modules.module import register_module_module_registration_hook
