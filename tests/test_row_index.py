@@ -366,3 +366,29 @@ def test_the_odd_views_rest_group_leaves_its_odd_ranks_out_of_its_ranges() -> No
     assert isinstance(shown[0], RankRow) and shown[0].rank == 17
     rest = shown[1]
     assert isinstance(rest, GroupRow) and rest.count == 39 and (rest.step_lo, rest.step_hi) == (100, 100)
+
+
+def test_a_group_painted_after_its_odd_rank_moved_leaves_out_where_it_is_now() -> None:
+    """The odd view's rest groups leave the odd ranks' values out of their ranges; an odd rank
+    that moves after the refresh (absorbed, as every pulse is) is left out where it is now, not
+    where it was when the first group was painted (a KeyError on the screen, seen at 32,768
+    ranks on a busy node while scrolling between paints)."""
+    model = JobModel()
+
+    def fold(r: int, seq: int) -> None:
+        odd, op = r == 25, "gloo:all_reduce" if r >= 20 else None
+        model.apply(RecordEntry(time=NOW, rank=r, message=StateMsg(state=state(
+            r, step=100, seq=seq, bpe=57 if odd else 64, op=op, op_seq=seq + 1 if op else None, world=40))))
+
+    for r in range(40):
+        fold(r, 290 if r == 25 else 300)
+    index = RowIndex(model, view="odd")
+    shown = index.refresh(NOW)
+    assert isinstance(shown[0], RankRow) and shown[0].rank == 25
+    computing = shown[1]  # painted (its ranges counted) before the odd rank moves
+    assert isinstance(computing, GroupRow) and computing.count == 20
+    fold(25, 291)
+    index.absorb()
+    waiting = shown[2]  # then the screen scrolls to this one
+    assert isinstance(waiting, GroupRow) and waiting.count == 19
+    assert (waiting.seq_lo, waiting.seq_hi) == (300, 300) and (waiting.step_lo, waiting.step_hi) == (100, 100)

@@ -114,6 +114,9 @@ class RowIndex:
             self._dirty.clear()
             self._fold_ranks(changed, self.model.status_words())
             self._absorbed |= changed
+            if self._odd_by_key is not None and not changed.isdisjoint(self.marks):
+                # An odd rank moved: a group painted from now on leaves it out where it is now.
+                self._odd_by_key = None
 
     def _fold_ranks(self, changed: set[int], statuses: dict[int, str]) -> None:
         views, facts, detail = self.model.ranks, self._facts, self._detail
