@@ -1,4 +1,4 @@
-"""The node agent: one per job and host, it outlives the ranks and keeps their record.
+"""The node agent: one per job and host, it outlives the ranks and keeps their recording and job record.
 
 ``ddptop launch`` and ``python -m ddptop.agent`` run it (:mod:`ddptop.agent.launcher`) on a
 thread beside the job. Here its parts are put together, each in its own module:

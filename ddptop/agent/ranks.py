@@ -89,7 +89,7 @@ class LocalRanks:
         return [gone for gone in ended if self.pid_of(gone.key) == gone.pid]
 
     def ending(self, gone: ProcessExit, seen: RankState | None) -> list[Frame]:
-        """What tells how *gone* ended, in the order it goes into the record: its last words
+        """What tells how *gone* ended, in the order it goes into the recording: its last words
         (unless they are *seen*, the last state the agent has), its crash file if it holds a
         traceback, and its exit, last."""
         rank = gone.key

@@ -30,7 +30,7 @@ def spawn_node_agent(job_id: str) -> None:
     """Start the node agent that keeps this job's black box (no launcher here to do it).
 
     ``python -m ddptop.agent`` in a session of its own: it outlives the ranks, sees their
-    exits and ends by itself when they are gone. Failure only costs the record.
+    exits and ends by itself when they are gone. Failure only costs the recording.
     """
     if os.environ.get("DDPTOP_RECORD_MB", "").strip() in ("0", "0.0"):
         return
