@@ -1,7 +1,7 @@
 """The rank-side reporter. Never imports textual, rich or any viewer module.
 
 :func:`install` is called by ``ddptop launch``'s ``sitecustomize`` in every rank, or by
-the user. It starts the agent thread at once and patches torch as soon as torch is
+the user. It starts the reporter thread at once and patches torch as soon as torch is
 imported (right away if it already is), so nothing the training script constructs
 escapes the hooks.
 """

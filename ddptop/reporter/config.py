@@ -28,7 +28,7 @@ from ddptop.store import discovery
 
 @dataclass
 class ReporterConfig:
-    """Everything the agent needs to know about its rank and how to serve it."""
+    """Everything the reporter thread needs to know about its rank and how to serve it."""
 
     rank: int
     local_rank: int

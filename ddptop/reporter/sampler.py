@@ -1,4 +1,4 @@
-"""The reporter agent: one daemon thread per rank that samples, remembers and serves.
+"""The reporter thread: one daemon thread per rank that samples, remembers and serves.
 
 The thread wakes once per interval (1 s by default), turns the hot-path counters of
 :mod:`ddptop.reporter.progress` into a :class:`RankState`, appends a compact sample to

@@ -38,7 +38,7 @@ class Announcer:
     """Where this rank says where it serves: its discovery entry and the job's store.
 
     Under ``ddptop launch`` the ranks know their node agent from the start. With
-    ``install()`` alone, local rank 0 spawns the agent after the ranks started: each rank
+    ``install()`` alone, local rank 0 spawns the node agent after the ranks started: each rank
     looks for its file once per sample (a failed open, at most :data:`AGENT_WAIT_S`), then
     names it in its discovery entry and in the store, so viewers and the other nodes' agents reach
     this node through it. Runs on the reporter thread; never raises into training.
