@@ -3,7 +3,7 @@
     python bench/blackbox_bench.py [--seconds 40] [--ranks 8 64] [--cap-run-seconds 60]
 
 For each rank count a synthetic job (``ddptop.testing.synthetic``: real reporter servers, real
-protocol, discovery records, one process) runs at 1 Hz, and the node agent
+protocol, discovery entries, one process) runs at 1 Hz, and the node agent
 (``python -m ddptop.agent``, the process ``ddptop.install()`` spawns and the same
 ``NodeAgent`` that ``ddptop launch`` runs) records it. Measured from outside:
 

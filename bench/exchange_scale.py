@@ -43,6 +43,7 @@ from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import AgentBeat, AgentReply, Message, RankExit, RecordEntry, Request, StateMsg
 from ddptop.store.discovery import Endpoint
 from ddptop.testing.synthetic import FakeRanks
+from tests.stand_in_agent import StandInAgent
 
 JOB = "xbench"
 TOKEN = "exchange-bench-token"
@@ -141,8 +142,7 @@ def main() -> None:
     _raise_fd_limit()
     per = args.ranks_per_node
     told: list[object] = []
-    endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, catch_up=list, ask=lambda c, t: [],
-                            news_catch_up=list)
+    endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, StandInAgent())
     ex = Exchange(JOB, TOKEN, told.append, ("127.0.0.1", endpoint.port))
     ex.start(None)
     child = subprocess.Popen([sys.executable, __file__, "--others", str(endpoint.port),

@@ -137,7 +137,7 @@ def main() -> int:
     job = runner.start("healthy", nproc=args.nproc, env={"PROBE_SECONDS": str(int(seconds))}, interval=1.0)
     try:
         job.wait_ranks(args.nproc, timeout=120)
-        ports = [e.port for e in discovery.read_records() if e.job_id == job.job_id]
+        ports = [e.port for e in discovery.read_entries() if e.job_id == job.job_id]
         first, _ = _snapshot(job)
         rss0 = {k: r["rss_bytes"] for k, r in _ranks(first).items()}
         rates: dict[str, list[float]] = {"A": [], "B": []}

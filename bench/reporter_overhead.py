@@ -137,24 +137,24 @@ def set_sampling(on: bool) -> None:
 
     The hooks stay installed either way (their cost is measured by the microbenchmarks);
     this isolates what the sampling thread costs the training thread. Reaches into the
-    agent on purpose: pausing is a benchmark's need, not a user-facing feature.
+    reporter on purpose: pausing is a benchmark's need, not a user-facing feature.
     """
     import threading
 
     from ddptop.reporter import current
 
-    agent: Any = current()
-    if agent is None:
+    reporter: Any = current()
+    if reporter is None:
         return
-    thread = agent._thread
+    thread = reporter._thread
     if on and (thread is None or not thread.is_alive()):
-        agent._stop.clear()
-        agent._thread = threading.Thread(target=agent._run, name="ddptop-reporter", daemon=True)
-        agent._thread.start()
+        reporter._stop.clear()
+        reporter._thread = threading.Thread(target=reporter._run, name="ddptop-reporter", daemon=True)
+        reporter._thread.start()
     elif not on and thread is not None and thread.is_alive():
         global _retired_cpu_s
         _retired_cpu_s = reporter_cpu_s()  # the next thread's counter starts at zero
-        agent._stop.set()
+        reporter._stop.set()
         thread.join()
 
 

@@ -249,7 +249,7 @@ def test_collective_stall_never_says_a_rank_it_never_heard_from_did_not_enter() 
     """Ranks of the job this viewer has no state of (no record on this host, their host cut off)
     are named, as never heard from: whether they entered cannot be known here."""
     states = [in_collective(r, 37) for r in range(3)] + [at_seq(3, 36, changed_ago=20.0)]
-    f = only(diagnose(snap(states, world=6, unreachable={4: "no discovery record", 5: "no discovery record"}),
+    f = only(diagnose(snap(states, world=6, unreachable={4: "no discovery entry", 5: "no discovery entry"}),
                       {}, NOW), "collective_stall")
     assert f.ranks == [3, 4, 5]
     assert f.title.endswith("rank 3 never entered it; ranks 4-5 never heard from"), f.title

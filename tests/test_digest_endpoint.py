@@ -41,6 +41,7 @@ from ddptop.protocol import (
 from ddptop.status import Status
 from ddptop.wire import LENGTH, encode_frame, header_bytes
 from tests.servers import raw_peer, read_hello
+from tests.stand_in_agent import StandInAgent
 
 JOB = "dg"
 RANKS = (0, 1, 2, 3)
@@ -76,7 +77,7 @@ def catch_up() -> list[Event]:
 
 @pytest.fixture
 def endpoint() -> Iterator[NodeEndpoint]:
-    node = NodeEndpoint("127.0.0.1", 0, None, JOB, catch_up, lambda command, timeout: [], host="node-a",
+    node = NodeEndpoint("127.0.0.1", 0, None, JOB, StandInAgent(catch_up), host="node-a",
                         digest_s=TICK_S)
     try:
         yield node

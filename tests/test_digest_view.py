@@ -162,6 +162,7 @@ def test_a_digest_viewer_sees_what_a_subscribed_viewer_sees() -> None:
     from ddptop.client.model_feed import ModelFeed
     from ddptop.client.targets import JobTarget
     from ddptop.store.discovery import Endpoint
+    from tests.stand_in_agent import StandInAgent
 
     lock = threading.Lock()
     current: dict[int, RankState] = {r: state(r, 0) for r in RANKS}
@@ -170,7 +171,7 @@ def test_a_digest_viewer_sees_what_a_subscribed_viewer_sees() -> None:
         with lock:
             return [entry(s) for s in current.values()]
 
-    node = NodeEndpoint("127.0.0.1", 0, None, "j", catch_up, lambda command, timeout: [], host="node-a",
+    node = NodeEndpoint("127.0.0.1", 0, None, "j", StandInAgent(catch_up), host="node-a",
                         digest_s=0.1)
     feeds = {"digest": ModelFeed("j", 4), "subscribe": ModelFeed("j", 4)}
     sources = []

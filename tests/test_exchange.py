@@ -34,6 +34,7 @@ from ddptop.protocol import (
 )
 from ddptop.store.discovery import Endpoint
 from tests.jobs import wait_until
+from tests.stand_in_agent import StandInAgent
 
 JOB = "xjob"
 TOKEN = "exchange-test-token"
@@ -88,8 +89,7 @@ def agents() -> Iterator[tuple[NodeEndpoint, NodeEndpoint, OlderAgent]]:
     older = OlderAgent()
     try:
         for _ in range(2):
-            made.append(NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, catch_up=list, ask=lambda c, t: [],
-                                     news_catch_up=list))
+            made.append(NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, StandInAgent()))
         yield made[0], made[1], older
     finally:
         for endpoint in made:
@@ -170,8 +170,7 @@ def test_a_silent_agent_is_lost_from_when_it_last_spoke_a_beating_one_never(
 
 
 def test_an_agent_with_another_token_is_noted_never_lost(quick: None) -> None:
-    other = NodeEndpoint("127.0.0.1", 0, "not-this-jobs-token", JOB, catch_up=list, ask=lambda c, t: [],
-                         news_catch_up=list)
+    other = NodeEndpoint("127.0.0.1", 0, "not-this-jobs-token", JOB, StandInAgent())
     ex = Exchange(JOB, TOKEN, lambda e: None, ("127.0.0.1", 9))
     ex.start(None)
     try:

@@ -235,13 +235,13 @@ def test_records_stale_pids_and_junk(tmp_path: Path, monkeypatch: pytest.MonkeyP
                               pid=os.getpid(), node="n")
     dead = discovery.Endpoint(job_id="j1", rank=0, world_size=2, host="127.0.0.1", port=1235,
                               pid=_dead_pid())
-    path = discovery.write_record(live)
-    discovery.write_record(dead)
+    path = discovery.write_entry(live)
+    discovery.write_entry(dead)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     (path.parent / "junk.0.json").write_text("{not json")
     (path.parent / "list.0.json").write_text("[1, 2]")
-    assert discovery.read_records() == [live]
-    assert sorted(discovery.read_records(include_stale=True), key=lambda e: e.rank) == [dead, live]
+    assert discovery.read_entries() == [live]
+    assert sorted(discovery.read_entries(include_stale=True), key=lambda e: e.rank) == [dead, live]
     assert discovery.jobs_on_host() == {"j1": [live]}
     assert Path(discovery.rank_file("j1", 0, "crash")).name == "j1.0.crash"
     assert discovery.Endpoint.from_json(live.to_json()) == live

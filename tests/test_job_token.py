@@ -133,7 +133,7 @@ def test_a_job_is_safe_by_default_even_on_one_host(job_runner: JobRunner, tmp_pa
     job.wait_ranks(2, timeout=90)  # the same user, no DDPTOP_TOKEN anywhere: it just works
     token_file = job_token.path_for(job.job_id)
     assert (token_file.stat().st_mode & 0o777) == 0o600
-    endpoint = next(e for e in discovery.read_records() if e.job_id == job.job_id and e.rank == 0)
+    endpoint = next(e for e in discovery.read_entries() if e.job_id == job.job_id and e.rank == 0)
     probe = ("import sys; from tests.rank_connection import RankConnection; "
              "from ddptop.store.discovery import Endpoint; from ddptop.errors import AuthError\n"
              f"e = Endpoint(job_id={job.job_id!r}, rank=0, world_size=2, host='127.0.0.1', "

@@ -177,14 +177,14 @@ def test_live_snapshot_names_every_rank_that_did_not_answer() -> None:
                         step=6, status=Status.CRASHED, exit_reason="SIGSEGV")
     feed.emit(RecordEntry(time=10.0, rank=1, message=StateMsg(state=crashed)))
     feed.emit(ConnectionEvent(time=10.0, rank=1, status=Status.LOST, reason=GONE))
-    feed.emit(ConnectionEvent(time=10.0, rank=3, status=Status.LOST, reason="no discovery record"))
+    feed.emit(ConnectionEvent(time=10.0, rank=3, status=Status.LOST, reason="no discovery entry"))
     feed.emit(ConnectionEvent(time=10.0, rank=4, status=Status.LOST,
                               reason="connection failed: Connection refused"))
     snap = with_silence_named(feed.model.snapshot(10.5), 2.0)
     assert snap.job.unreachable == {
         1: "rank 1: process 101 is gone (crashed: SIGSEGV)",
         2: "rank 2: no answer within 2 s",
-        3: "rank 3: no record found (not started, or on another host)",
+        3: "rank 3: no discovery entry found (not started, or on another host)",
         4: "rank 4: connection failed: Connection refused",
     }
     assert [(s.rank, s.status, s.step) for s in snap.ranks] == [(0, "running", 7), (1, "crashed", 6)]

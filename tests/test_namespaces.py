@@ -36,13 +36,13 @@ def test_the_rule_for_another_process_is_the_rule_of_runtime_dir(env: dict[str, 
     assert namespaces.runtime_dir_of(encoded, os.getuid()) == str(discovery.runtime_dir(create=False))
 
 
-def test_records_in_refuses_links_and_oversized_records(tmp_path: Path) -> None:
+def test_entries_in_refuses_links_and_oversized_entries(tmp_path: Path) -> None:
     good = Endpoint(job_id="j", rank=0, world_size=2, host="127.0.0.1", port=1, pid=1, store="h:5")
-    discovery.write_record(good, tmp_path)
+    discovery.write_entry(good, tmp_path)
     (tmp_path / "j.1.json").symlink_to(tmp_path / "j.0.json")
-    (tmp_path / "big.0.json").write_text('{"pad": "' + "x" * (discovery.MAX_RECORD_BYTES + 1) + '"}')
+    (tmp_path / "big.0.json").write_text('{"pad": "' + "x" * (discovery.MAX_ENTRY_BYTES + 1) + '"}')
     (tmp_path / "bad.0.json").write_text("not json")
-    assert discovery.records_in(tmp_path) == [good]
+    assert discovery.entries_in(tmp_path) == [good]
 
 
 @pytest.fixture

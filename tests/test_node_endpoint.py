@@ -35,6 +35,7 @@ from ddptop.protocol import (
 from ddptop.status import Status
 from ddptop.store.discovery import Endpoint
 from tests.jobs import wait_until
+from tests.stand_in_agent import StandInAgent
 
 TOKEN = "endpoint-test-token"
 JOB = "ep"
@@ -46,20 +47,21 @@ def state(rank: int, t: float, step: int) -> RankState:
                      time=t, step=step, status=Status.RUNNING)
 
 
-class FakeRanks:
+class FakeRanks(StandInAgent):
     """What the agent knows of its four ranks (the agent's own bookkeeping, in the real one)."""
 
     def __init__(self, age_s: float, clock_ahead_s: float = 0.0) -> None:
+        super().__init__()
         self.age_s = age_s
         self.clock_ahead_s = clock_ahead_s
         self.asked: list[str] = []
 
-    def clock(self) -> float:
+    def now(self) -> float:
         """The agent host's wall clock."""
         return time.time() + self.clock_ahead_s
 
-    def catch_up(self) -> list[Event]:
-        t = self.clock() - self.age_s
+    def events(self) -> list[Event]:
+        t = self.now() - self.age_s
         out: list[Event] = []
         for r in RANKS:
             samples = [Sample(time=t - 2 + i, step=i, epoch=0, batch=i, seq=i, step_time_s=0.1,
@@ -83,7 +85,7 @@ class FakeRanks:
 @pytest.fixture
 def node(runtime_dir: Path) -> Iterator[tuple[NodeEndpoint, FakeRanks]]:
     ranks = FakeRanks(age_s=0.0)
-    endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, ranks.catch_up, ranks.ask)
+    endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, ranks)
     try:
         yield endpoint, ranks
     finally:
@@ -141,7 +143,7 @@ def test_catch_up_keeps_the_age_of_what_the_agent_knows(runtime_dir: Path) -> No
     whatever the two clocks say (the agent's runs an hour ahead here): entry times move by
     the viewer's clock minus the agent's."""
     ranks = FakeRanks(age_s=30.0, clock_ahead_s=3600.0)
-    endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, ranks.catch_up, ranks.ask, clock=ranks.clock)
+    endpoint = NodeEndpoint("127.0.0.1", 0, TOKEN, JOB, ranks)
     source, feed = viewer(endpoint.port, TOKEN)
     try:
         wait_until(lambda: feed.settled(RANKS) == 4, 10.0, "the catch-up")

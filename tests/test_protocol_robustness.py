@@ -209,7 +209,7 @@ def test_hostile_clients_do_not_disturb_a_real_job(job_runner: JobRunner) -> Non
     """Garbage, oversized, wrong-version and half-frame peers on a rank: training goes on."""
     job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "40"})
     job.wait_ranks(2, timeout=90)
-    endpoint = next(e for e in discovery.read_records() if e.job_id == job.job_id and e.rank == 0)
+    endpoint = next(e for e in discovery.read_entries() if e.job_id == job.job_id and e.rank == 0)
     before = {r["rank"]: r["step"] for r in job.snapshot()["ranks"]}
     for _ in range(3):
         for make in HOSTILE.values():

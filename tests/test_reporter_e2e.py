@@ -51,10 +51,10 @@ def _default_group(rank: dict[str, Any]) -> dict[str, Any]:
 
 
 def _endpoint(job: RunningJob, rank: int) -> discovery.Endpoint:
-    for endpoint in discovery.read_records():
+    for endpoint in discovery.read_entries():
         if endpoint.job_id == job.job_id and endpoint.rank == rank:
             return endpoint
-    raise AssertionError(f"no discovery record for rank {rank} of {job.job_id}")
+    raise AssertionError(f"no discovery entry for rank {rank} of {job.job_id}")
 
 
 @pytest.mark.slow
@@ -190,7 +190,7 @@ def test_eight_ranks(job_runner: JobRunner) -> None:
     assert sorted(_ranks(snap)) == list(range(world))
     assert snap["job"]["world_size"] == world and snap["job"]["answered"] == world
     assert all(r["batches_per_epoch"] == HEALTHY_SAMPLES // world // HEALTHY_BATCH for r in snap["ranks"])
-    assert len({e.port for e in discovery.read_records() if e.job_id == job.job_id}) == world
+    assert len({e.port for e in discovery.read_entries() if e.job_id == job.job_id}) == world
 
 
 def test_snapshot_without_a_job_fails_in_one_line(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from ddptop.agent.endpoint import NodeEndpoint
-from ddptop.agent.serving import selected
 from ddptop.bundle.replay_source import ReplaySource
 from ddptop.client.live import LiveSource
 from ddptop.client.model_feed import ModelFeed
@@ -25,27 +24,30 @@ from ddptop.status import Status
 from ddptop.store.discovery import Endpoint
 from ddptop.testing.synthetic import SyntheticJob
 from tests.jobs import wait_until
+from tests.stand_in_agent import StandInAgent
 
 JOB, RANKS, AHEAD_S, AGE_S = "rs", (0, 1, 2, 3), 100.0, 2.0
 
 
-class Node:
+class Node(StandInAgent):
     """What a node agent knows of its four ranks; rank 2 is stuck (a report after its state)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.selected: list[set[int] | None] = []  # the ranks of each request that named some
 
-    def select(self, ranks: set[int] | None, samples: int | None) -> list[Event]:
+    def catch_up(self, ranks: set[int] | None, samples: int | None) -> list[Event]:
         """The agent's cut of its catch-up for a request (what it would send)."""
-        self.selected.append(ranks)
-        return selected(self.catch_up(), ranks, samples)
+        if ranks is not None:
+            self.selected.append(ranks)
+        return super().catch_up(ranks, samples)
 
-    def clock(self) -> float:
+    def now(self) -> float:
         """The agent host's wall clock, well ahead of the viewer's."""
         return time.time() + AHEAD_S
 
-    def catch_up(self) -> list[Event]:
-        t = self.clock() - AGE_S
+    def events(self) -> list[Event]:
+        t = self.now() - AGE_S
         out: list[Event] = []
         for r in RANKS:
             st = RankState(rank=r, local_rank=r, world_size=4, host="node-a", pid=1000 + r, job_id=JOB,
@@ -62,8 +64,7 @@ class Node:
 @pytest.fixture
 def node(runtime_dir: Path) -> Iterator[tuple[NodeEndpoint, Node]]:
     ranks = Node()
-    endpoint = NodeEndpoint("127.0.0.1", 0, None, JOB, ranks.catch_up, ranks.ask, clock=ranks.clock,
-                            select=ranks.select)
+    endpoint = NodeEndpoint("127.0.0.1", 0, None, JOB, ranks)
     try:
         yield endpoint, ranks
     finally:

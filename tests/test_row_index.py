@@ -22,7 +22,8 @@ from ddptop.testing.synthetic_ranks import FakeRanks
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.row_index import RowIndex
 from ddptop.tui.row_sequence import RowSequence
-from ddptop.tui.rows import _SORT_KEYS, GroupRow, RankRow, build_rows, sort_rows
+from ddptop.tui.rows import GroupRow, RankRow, build_rows
+from ddptop.tui.sort_filter import SORT_KEYS, sort_rows
 from ddptop.tui.widgets.rank_table import RankTable
 from tests.probes_tui.fakes import NOW, state
 
@@ -121,7 +122,7 @@ def test_a_row_painted_between_an_event_and_its_fold_is_rebuilt_after(
 def _same_order(index: RowIndex, seq: RowSequence) -> None:
     """Sorted by any column either way, the index's order is sort_rows' order of every row."""
     rows = index.every_row()
-    for key in _SORT_KEYS:
+    for key in SORT_KEYS:
         for reverse in (False, True):
             want = sort_rows(rows, key, reverse)
             got = seq.sorted(key, reverse)

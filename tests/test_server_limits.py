@@ -222,7 +222,7 @@ def test_request_flood_on_a_real_rank(job_runner: JobRunner) -> None:
     job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "60"})
     snap = job.wait_ranks(2, timeout=90)
     rss_before = {r["rank"]: r["rss_bytes"] for r in snap["ranks"]}
-    endpoint = next(e for e in discovery.read_records() if e.job_id == job.job_id and e.rank == 0)
+    endpoint = next(e for e in discovery.read_entries() if e.job_id == job.job_id and e.rank == 0)
     floods = [Flooder(endpoint.port, seconds=45, token=job_token.read(job.job_id)) for _ in range(4)]
     try:
         assert settles(lambda: sum(f.sent_requests for f in floods) >= 20_000, timeout=20)

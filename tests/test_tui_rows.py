@@ -9,14 +9,13 @@ from ddptop.tui.rows import (
     RowBuilder,
     build_rows,
     cells,
-    filter_rows,
     format_line,
     header_line,
     mem_level,
     progress_bar,
-    sort_rows,
     util_level,
 )
+from ddptop.tui.sort_filter import filter_rows, sort_rows
 from tests.probes_tui.fakes import NOW, lost, model_of, state
 
 

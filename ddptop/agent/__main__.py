@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", metavar="ADDR", default="",
                         help="serve this node's ranks to viewers (and the other nodes' agents) on ADDR; "
                              "its port goes to <job>.agent in the runtime directory, where the ranks "
-                             "read it and name it in their records and the job's store")
+                             "read it and name it in their discovery entries and the job's store")
     parser.add_argument("--stacks-signal", action="store_true",
                         help="let outside reads of a silent rank interrupt it (SIGUSR2, py-spy --native)")
     args = parser.parse_args(argv)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DdptopError(f"not a job id: {args.job_id[:40]!r}")
         listen = parse_listen(args.metrics_port) if args.metrics_port else None
         if not _lock(args.job_id):
-            return 0  # another agent already keeps this job's record here
+            return 0  # another agent already keeps this job's recording here
         agent = NodeAgent(args.job_id, [], int(args.record_mb * 1024 * 1024), record=args.record_mb > 0)
     except (DdptopError, OSError) as exc:
         print(f"ddptop agent: {exc}", file=sys.stderr)

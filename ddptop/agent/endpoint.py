@@ -33,10 +33,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from typing import Protocol
 
 from ddptop.agent.digest import CATCHUP_SAMPLES, DIGEST_S, DigestBuilder
-from ddptop.agent.serving import selected
 from ddptop.net.server import ReporterServer, Respond, ServerLoop
 from ddptop.protocol import (
     AGENT_HELLO_RANK,
@@ -52,10 +51,6 @@ from ddptop.protocol import (
 log = logging.getLogger(__name__)
 
 Published = Event | AgentBeat
-CatchUp = Callable[[], list[Event]]
-# The catch-up of some ranks (None: all), histories cut to a number of samples (None: whole).
-Select = Callable[[set[int] | None, int | None], list[Event]]
-Ask = Callable[[str, float], list[Event]]
 
 MAX_QUEUED = 50_000  # events waiting for the loop thread; beyond it the oldest are dropped
 SLOW_WORKERS = 2  # stacks / fr_trace requests asked of the ranks at once
@@ -70,23 +65,38 @@ ASK_TIMEOUT_S = 4.0  # under a viewer's 5 s: the agent answers before the viewer
 MAX_VIEWER_OUTPUT = 32 * 1024 * 1024
 
 
+class NodeAnswers(Protocol):
+    """What the node's endpoint asks the agent for: the agent's own answers
+    (:class:`~ddptop.agent.service.NodeService`), or a stand-in's. Called on the endpoint's
+    loop thread (``ask`` on a worker thread): each takes the agent's lock itself."""
+
+    def catch_up(self, ranks: set[int] | None, samples: int | None) -> list[Event]:
+        """Everything known about each local rank of *ranks* (None: all) now, histories cut to
+        their last *samples* (None: whole): what a viewer that connects gets first."""
+        ...
+
+    def ask(self, command: str, timeout: float) -> list[Event]:
+        """Stacks or FR dumps (*command*) of every local rank that still runs."""
+        ...
+
+    def news(self) -> list[Event]:
+        """This node's news so far, for another node's agent that connects now."""
+        ...
+
+    def now(self) -> float:
+        """The agent's wall clock, which need not be the viewer's."""
+        ...
+
+
 class NodeEndpoint:
     """Serves one job's local ranks to viewers until :meth:`close`."""
 
-    def __init__(self, bind: str, port: int, token: str | None, job_id: str,
-                 catch_up: CatchUp, ask: Ask, clock: Callable[[], float] = time.time,
-                 news_catch_up: CatchUp | None = None, select: Select | None = None, host: str = "",
-                 digest_s: float = DIGEST_S) -> None:
-        self._clock = clock  # the agent's wall clock, which need not be the viewer's
-        self._catch_up = catch_up
-        # Without a select, the whole catch-up is made and then cut (a stand-in's; the agent's
-        # own model cuts first).
-        self._select = select or (lambda ranks, samples: selected(catch_up(), ranks, samples))
+    def __init__(self, bind: str, port: int, token: str | None, job_id: str, answers: NodeAnswers,
+                 host: str = "", digest_s: float = DIGEST_S) -> None:
+        self._agent = answers  # what the agent knows, asked on demand
         self._digest = DigestBuilder(host)  # the loop thread's alone
         self._digest_s = digest_s
         self._next_digest = time.monotonic() + digest_s
-        self._news_catch_up = news_catch_up
-        self._ask = ask
         self._loop = ServerLoop(wakeable=True)
         try:
             self.server = ReporterServer(bind, port, token, AGENT_HELLO_RANK, job_id, self._handle,
@@ -100,7 +110,7 @@ class NodeEndpoint:
         self.dropped = 0  # events not forwarded: the loop thread fell this far behind
         self._lock = threading.Lock()
         self._events: deque[tuple[Published, bool]] = deque()
-        self._answers: deque[tuple[Respond, Message]] = deque()
+        self._replies: deque[tuple[Respond, Message]] = deque()
         self._slow = threading.BoundedSemaphore(SLOW_WORKERS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddptop-endpoint", daemon=True)
@@ -145,15 +155,16 @@ class NodeEndpoint:
                 self._loop.poll(min(0.5, max(0.0, self._next_digest - time.monotonic())))
                 with self._lock:
                     events, self._events = self._events, deque()
-                    answers, self._answers = self._answers, deque()
+                    replies, self._replies = self._replies, deque()
                 for event, news in events:
                     self._send(event, news)
-                for respond, reply in answers:
+                for respond, reply in replies:
                     respond(reply)
                 if time.monotonic() >= self._next_digest:
                     self._next_digest = max(self._next_digest + self._digest_s, time.monotonic())
                     if self.server.digest_peers:
-                        self.server.broadcast(self._digest.flush(self._clock(), self.dropped), digest=True)
+                        digest = self._digest.flush(self._agent.now(), self.dropped)
+                        self.server.broadcast(digest, digest=True)
             except Exception as exc:  # a viewer must never take the agent down
                 log.warning("ddptop agent endpoint: %s", exc)
                 self._stop.wait(0.1)
@@ -173,15 +184,15 @@ class NodeEndpoint:
         # stream that follows is the answer).
         ranks = set(request.ranks) if request.ranks else None
         if request.command in ("history", "state"):
-            entries = self._catch_up() if ranks is None else self._select(ranks, None)
+            entries = self._agent.catch_up(ranks, None)
         elif request.command == "digest":  # the peer is marked: the lane starts after this reply
-            entries = self._select(ranks, CATCHUP_SAMPLES)
+            entries = self._agent.catch_up(ranks, CATCHUP_SAMPLES)
             self._digest.seed(entries)
-        elif request.command == "news" and self._news_catch_up is not None:
-            entries = self._news_catch_up()
+        elif request.command == "news":
+            entries = self._agent.news()
         else:  # "ping" (a viewer asks whether this agent is there: client/reachability.py), or unknown
             entries = []
-        return AgentReply(time=self._clock(), entries=entries, id=request.id)
+        return AgentReply(time=self._agent.now(), entries=entries, id=request.id)
 
     def _defer(self, request: Request, respond: Respond) -> bool:
         if request.command not in ("stacks", "fr_trace"):
@@ -196,8 +207,8 @@ class NodeEndpoint:
 
     def _ask_ranks(self, request: Request, respond: Respond) -> None:
         try:
-            entries = self._ask(request.command, ASK_TIMEOUT_S)
-            reply: Message = AgentReply(time=self._clock(), entries=entries, id=request.id)
+            entries = self._agent.ask(request.command, ASK_TIMEOUT_S)
+            reply: Message = AgentReply(time=self._agent.now(), entries=entries, id=request.id)
         except Exception as exc:
             reply = ErrorMsg(reason=f"{request.command} failed: {exc}", id=request.id)
         finally:
@@ -205,6 +216,6 @@ class NodeEndpoint:
         # The reply's own id is what the viewer matches; the entries stay as the model holds
         # them (a stuck rank's stacks are shared with it and must not be written to here).
         with self._lock:
-            self._answers.append((respond, reply))
+            self._replies.append((respond, reply))
         self._loop.wake()
 

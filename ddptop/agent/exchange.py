@@ -1,4 +1,4 @@
-"""The node agents' exchange: every surviving node's record tells the whole job's ending.
+"""The node agents' exchange: every surviving node's recording tells the whole job's ending.
 
 The agents of one job find each other in the job's TCPStore (every rank publishes its
 endpoint there, with the port of its node's agent) and each subscribes to every other
@@ -11,7 +11,7 @@ A peer agent whose connection drops without its closing beat (``ending``) and th
 reached again for :data:`NODE_LOST_AFTER_S` is a lost node: each of its ranks without a
 known ending gets a ``RankExit`` with cause ``node_lost`` (the ``node_lost`` finding). Where
 the exchange is impossible (agents on loopback, an older agent without "news", a refused
-token, no store), :attr:`Exchange.notes` says so, and the record says what is unknown.
+token, no store), :attr:`Exchange.notes` says so, and the job record says what is unknown.
 
 Bounded: news is only endings and stuck reports (not the 1 Hz states), one connection per
 peer agent on the live source's one selector thread, the store read at most every
@@ -257,7 +257,7 @@ class Exchange:
                       "unknown here")
 
     def _tell_reach(self, peer: PeerAgent, status: str, now: float) -> None:
-        """Into this node's record: *peer*'s ranks unreachable from here since it last spoke
+        """Into this node's recording: *peer*'s ranks unreachable from here since it last spoke
         (its connection open, its beats stopped), or reachable again."""
         label = agent_label(peer.endpoint)  # agent_endpoint() kept the node name of its ranks
         if status == Status.UNREACHABLE:

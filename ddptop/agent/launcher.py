@@ -4,7 +4,7 @@
 ``python -m ddptop.agent`` (:mod:`ddptop.agent.__main__`), spawned by ``ddptop.install()``,
 waits for ranks it did not start. Around that wait both do the same, here, in
 :func:`run_beside`: start the agent, open the node's endpoint for viewers (with the job's
-token; the ranks are told its port), serve metrics when asked, then close the record and drop
+token; the ranks are told its port), serve metrics when asked, then close the job record and drop
 the job's token once the job is over. Only their words on stderr differ (:class:`Voice`),
 and those are a public interface: kept as each verb always said them.
 """
@@ -61,7 +61,7 @@ class AgentLaunch:
 
 def run_beside(agent: NodeAgent, launch: AgentLaunch, job: Callable[[], Code]) -> tuple[Code, JobRecord]:
     """Run *job* (it returns the job's exit code, None if it has none) with *agent* watching,
-    then close the record: the exit code and the record as closed. If *job* raises, the record
+    then close the job record: the exit code and the job record as closed. If *job* raises, it
     is closed at once (no grace) and the exception goes on."""
     agent.start()
     if launch.serve_on:
@@ -74,7 +74,7 @@ def run_beside(agent: NodeAgent, launch: AgentLaunch, job: Callable[[], Code]) -
     finally:
         code = ended[0] if ended else None
         record = agent.finish(code, grace_s=launch.grace_s if ended else 0.0)
-        job_token.remove(agent.job_id)  # its ranks are gone; the record needs no token
+        job_token.remove(agent.job_id)  # its ranks are gone; what they left needs no token
     return ended[0], record
 
 

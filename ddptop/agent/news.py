@@ -88,7 +88,7 @@ class NodeNews:
                                          steps=[steps[r] for r in ranks]), news=True)
 
     def _tell_places(self, places: dict[int, tuple[str, str]]) -> None:
-        """Where ranks run, as the job's store published it, into this node's record (once per
+        """Where ranks run, as the job's store published it, into this node's recording (once per
         change): a victim's "Connection closed by peer [addr]" then names a host and its ranks."""
         new = {rank: place for rank, place in places.items() if place[1] and self._places.get(rank) != place}
         self._places.update(new)

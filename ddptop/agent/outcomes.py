@@ -3,27 +3,20 @@
 The node agent folds every ending it sees (a rank's last words, its exit, a lost node) into
 its :class:`~ddptop.model.job.JobModel`, and the same events go into the black box. ``job.json``
 (:mod:`ddptop.store.jobrecord`) is written from that model by :func:`rank_outcomes`, so
-``ddptop jobs`` and ``doctor`` (which folds the record into a model of its own) cannot tell two
+``ddptop jobs`` and ``doctor`` (which folds the recording into a model of its own) cannot tell two
 stories. A rank whose end the agent never saw by the time the command ended is not quietly
 written down as "lost": :class:`LostAtFinish` makes that verdict an event, which goes into the
-record and the model like any other.
+recording and the model like any other.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-
-from ddptop.errors import DdptopError
 from ddptop.model.job import JobModel
 from ddptop.model.outcome import Ending
 from ddptop.model.rank_view import RankView
 from ddptop.protocol import ConnectionEvent
 from ddptop.status import FINAL, Status
-from ddptop.store import jobrecord
-from ddptop.store.jobrecord import JobRecord, RankOutcome
-
-log = logging.getLogger(__name__)
+from ddptop.store.jobrecord import RankOutcome
 
 LOST_AT_FINISH = "no end of it was seen before the command ended"  # the verdict's reason
 MAX_REASON = 300  # characters of a rank's last word kept in job.json
@@ -68,8 +61,8 @@ class LostAtFinish:
     """The agent's verdict on local ranks whose end it never saw when the command ended.
 
     The time of a verdict is when the rank's connection was first lost, if the live source
-    said so (that event is in the record too, and a model keeps the first loss), else the
-    moment of the verdict: the agent's model and the record's then agree on when, not only on
+    said so (that event is in the recording too, and a model keeps the first loss), else the
+    moment of the verdict: the agent's model and the recording's then agree on when, not only on
     "lost", and so on which rank failed first.
     """
 
@@ -86,34 +79,3 @@ class LostAtFinish:
         return [ConnectionEvent(time=self._connection_lost.get(rank, now), rank=rank, status=Status.LOST,
                                 reason=LOST_AT_FINISH)
                 for rank, pid in sorted(local.items()) if _ending(model.ranks.get(rank), pid) is None]
-
-
-class JobFile:
-    """``job.json`` of one job on this host: what the job is, from the agent; how its ranks
-    ended, from the model at every write. Not thread-safe: the agent writes under its lock."""
-
-    def __init__(self, record: JobRecord) -> None:
-        self.record = record
-        self.written_at = 0.0  # time.monotonic() of the last write (tried)
-        self._warned = False
-
-    def write(self, model: JobModel, local: dict[int, int], exchange: str, record_bytes: int) -> None:
-        """Rewrite ``job.json`` (a failure is logged once: the watching goes on)."""
-        record = self.record
-        record.ranks = rank_outcomes(model, local, time.time())
-        record.world_size = max(record.world_size, model.world_size)
-        record.exchange, record.record_bytes = exchange, record_bytes
-        try:
-            jobrecord.write_record(record)
-        except (OSError, DdptopError) as exc:
-            if not self._warned:
-                log.warning("ddptop agent: cannot write the job record: %s", exc)
-            self._warned = True
-        self.written_at = time.monotonic()
-
-    def recording_failed(self, exc: Exception) -> None:
-        """A write of the black box failed: counted, and the first one said."""
-        self.record.record_errors += 1
-        if self.record.record_errors == 1:  # once: a full disk fails every second after
-            self.record.record_note = f"recording failed: {exc}"
-            log.warning("ddptop agent: recording failed: %s (what was recorded stays readable)", exc)

@@ -12,6 +12,7 @@ into its model and the black box.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from ddptop.agent.exits import ExitWatcher, ProcessExit
@@ -19,11 +20,17 @@ from ddptop.agent.news import rank_environ
 from ddptop.agent.oom import MemoryWatch
 from ddptop.agent.recording import crash_frame
 from ddptop.agent.scheduler import SchedulerWatch
+from ddptop.agent.stderr_tail import CONSOLE_FILE
 from ddptop.bundle.format import Frame
+from ddptop.errors import DdptopError
+from ddptop.evidence.fold import exit_told
+from ddptop.evidence.torchrun_log import read_torchrun_log
 from ddptop.protocol import RankExit, RankState, RecordEntry, StateMsg
-from ddptop.store import discovery, remains
+from ddptop.store import discovery, jobrecord, remains
 from ddptop.store.discovery import Endpoint
 from ddptop.store.remains import MAX_CRASH_READ, has_stacks, read_text_tail
+
+log = logging.getLogger(__name__)
 
 
 class LocalRanks:
@@ -82,7 +89,7 @@ class LocalRanks:
         return [gone for gone in ended if self.pid_of(gone.key) == gone.pid]
 
     def ending(self, gone: ProcessExit, seen: RankState | None) -> list[Frame]:
-        """What tells how *gone* ended, in the order it goes into the record: its last words
+        """What tells how *gone* ended, in the order it goes into the recording: its last words
         (unless they are *seen*, the last state the agent has), its crash file if it holds a
         traceback, and its exit, last."""
         rank = gone.key
@@ -105,6 +112,22 @@ class LocalRanks:
                                exit_code=gone.exit_code, signal=signal, cause=cause,
                                memory_limit_bytes=oom.limit_bytes, memory_peak_bytes=oom.peak_bytes))
         return events
+
+    def told_by_torchrun(self, unknown: dict[int, RankExit]) -> list[RankExit]:
+        """The exits of *unknown* (rank -> its exit whose status could not be read: torchrun
+        reaped the process before the agent read its zombie) with the status torchrun's failure
+        summary gives for the same pid, read from the job's stderr as the record directory
+        keeps it (capped: its last MAX_LOG_BYTES)."""
+        console = jobrecord.job_dir(self.job_id) / CONSOLE_FILE
+        if not unknown or not console.is_file():
+            return []
+        try:
+            failures = read_torchrun_log(console)
+        except DdptopError as exc:
+            log.warning("ddptop agent: %s", exc)
+            return []
+        return [told for failure in failures if failure.rank in unknown
+                for told in exit_told(unknown[failure.rank], failure)]
 
     def close(self) -> None:
         """Stop watching."""

@@ -1,13 +1,13 @@
-"""The job's stderr, passed through unchanged and its tail kept in the job's record.
+"""The job's stderr, passed through unchanged and its tail kept in the job's record directory.
 
 What the ranks and torchrun say on stderr is often the cause itself: a C++ ``terminate
 called ... what():`` line that no rank prefixes, gloo's "1092 vs 4", NCCL's watchdog,
 torchrun's failure summary. ``ddptop launch`` gives the job a stderr of its own, copies
-every byte to its own stderr at once, and keeps the last ``cap`` bytes in the record
+every byte to its own stderr at once, and keeps the last ``cap`` bytes in the record directory
 (``console.log`` and, before it, ``console.log.1``), where ``ddptop doctor JOB`` reads them
 with the torchrun-log reader. Where ddptop's stderr is a terminal the job gets a
 pseudo-terminal, so it still sees a terminal (colours, progress bars); else a pipe, as it
-had before. The copy never waits on the record: a write that fails stops the record, not
+had before. The copy never waits on the disk: a write that fails stops the tail, not
 the job. What is kept is masked like every other file ddptop writes (secret-looking values,
 credentials in URLs, the values of secret-named variables); what is passed through is not.
 """
@@ -99,7 +99,7 @@ class StderrTail:
                                      | os.O_APPEND, 0o600)
                 self._written = 0
             self._written += os.write(self._file, data[-self._half:])
-        except OSError as exc:  # the disk is full, the record was removed: the job goes on
+        except OSError as exc:  # the disk is full, the record directory was removed: the job goes on
             log.debug("ddptop: stderr tail stopped: %s", exc)
             if self._file is not None:
                 os.close(self._file)
@@ -122,4 +122,4 @@ def _write_all(fd: int, data: bytes) -> None:
         except BlockingIOError:
             continue
         except OSError:
-            return  # our stderr is gone (closed terminal): the record still gets the bytes
+            return  # our stderr is gone (closed terminal): the tail still gets the bytes

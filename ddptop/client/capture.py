@@ -168,11 +168,11 @@ def export_bundle(source_or_target: JobTarget | LiveSource | str | None, path: s
 
 def export_record(target: JobTarget, path: str | os.PathLike[str],
                   progress: Progress | None = None) -> ExportSummary:
-    """A bundle of a job that has ended, from the black-box record its node agent kept.
+    """A bundle of a job that has ended, from the black-box recording its node agent kept.
 
-    Everything the record holds (its full-rate last minutes and the thinned history before
+    Everything the recording holds (its full-rate last minutes and the thinned history before
     them), the ranks' crash files, host facts from their final states and the findings at
-    the moment the record ends: the same bundle an export of the live job would have been.
+    the moment the recording ends: the same bundle an export of the live job would have been.
     """
     assert target.record is not None
     return export_contents(read_recording(target.record), path, job_id=target.job_id,

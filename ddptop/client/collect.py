@@ -57,12 +57,12 @@ def last_words(endpoint: Endpoint) -> RankState:
 
 def ended_before(target: JobTarget, now: float) -> list[RecordEntry | ConnectionEvent]:
     """What a viewer knows at once of the ranks of *target* it cannot connect to: the dead
-    ones' last words, and which ranks have no record at all."""
+    ones' last words, and which ranks have no discovery entry at all."""
     out: list[RecordEntry | ConnectionEvent] = []
     for endpoint in target.dead:
         out.append(RecordEntry(time=now, rank=endpoint.rank, message=StateMsg(state=last_words(endpoint))))
         out.append(ConnectionEvent(time=now, rank=endpoint.rank, status=Status.LOST, reason=GONE))
-    out.extend(ConnectionEvent(time=now, rank=rank, status=Status.LOST, reason="no discovery record")
+    out.extend(ConnectionEvent(time=now, rank=rank, status=Status.LOST, reason="no discovery entry")
                for rank in target.missing_ranks)
     return out
 

@@ -1,4 +1,4 @@
-"""The jobs on this host, wherever their ranks wrote their records (#22).
+"""The jobs on this host, wherever their ranks wrote their discovery entries (#22).
 
 First the viewer's own runtime directory; then, for a job that is not there, the runtime
 directories of processes in other mount namespaces (a private /tmp: SLURM's
@@ -20,7 +20,7 @@ from ddptop.store.namespaces import HiddenDir
 
 @dataclass
 class HostJobs:
-    """Every job with records on this host: its live ranks, all its ranks, and where."""
+    """Every job with discovery entries on this host: its live ranks, all its ranks, and where."""
 
     live: dict[str, list[Endpoint]]
     every: dict[str, list[Endpoint]]
@@ -29,7 +29,7 @@ class HostJobs:
     looked_into: int = 0  # other mount namespaces' directories read
 
     def use(self, job_id: str) -> None:
-        """Read the rest of *job_id* (its token, last words, record) where its records are."""
+        """Read the rest of *job_id* (its token, last words, recording) where its discovery entries are."""
         if job_id in self.hidden:
             discovery.view_runtime_dir(self.hidden[job_id].path)
 
@@ -44,7 +44,7 @@ def scan(elsewhere: bool = True) -> HostJobs:
         return found
     for hidden in namespaces.hidden_runtime_dirs(own if own.is_dir() else None):
         found.looked_into += 1
-        for job_id, ranks in discovery.group_by_job(discovery.records_in(hidden.path)).items():
+        for job_id, ranks in discovery.group_by_job(discovery.entries_in(hidden.path)).items():
             if job_id in every:
                 continue  # our own directory's word wins
             if not hidden.same_network:

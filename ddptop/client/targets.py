@@ -1,8 +1,8 @@
 """Resolve what the user named (nothing, a job id, HOST:PORT) into rank endpoints.
 
 * nothing: the only job with live ranks on this host, else the job that ended last;
-* a job id (or a unique prefix of one): that job's records on this host, live or ended
-  (an ended job is read from the black-box record its node agent kept);
+* a job id (or a unique prefix of one): that job's discovery entries on this host, live or ended
+  (an ended job is read from the black-box recording its node agent kept);
 * HOST:PORT: the job's TCPStore (MASTER_ADDR:MASTER_PORT), where every rank of every
   node published its endpoint. Reading it needs torch on the viewer's machine.
 """
@@ -38,12 +38,12 @@ class JobTarget:
 
     @property
     def ended(self) -> bool:
-        """True when no rank is alive and only the record can tell about the job."""
+        """True when no rank is alive and only the recording can tell about the job."""
         return not self.endpoints and self.record is not None
 
     @property
     def missing_ranks(self) -> list[int]:
-        """Ranks of the world that have no record at all."""
+        """Ranks of the world that have no discovery entry at all."""
         known = {e.rank for e in self.endpoints} | {e.rank for e in self.dead}
         return [r for r in range(self.world_size) if r not in known]
 
@@ -99,7 +99,7 @@ def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint],
 def _add_from_store(made: JobTarget, timeout_s: float) -> None:
     """The ranks of other hosts, from the job's TCPStore that this host's ranks name: a job
     started without node agents (``srun python train.py``) is then seen whole from any node.
-    Nothing is added when the store cannot be read (the ranks stay "no record here")."""
+    Nothing is added when the store cannot be read (the ranks stay without a discovery entry here)."""
     stores = [e.store for e in made.endpoints if e.store]
     match = _HOST_PORT.match(stores[0]) if stores else None
     if match is None:
@@ -117,7 +117,7 @@ def _add_from_store(made: JobTarget, timeout_s: float) -> None:
 
 
 def _ended(target: str, found: host_jobs.HostJobs) -> JobTarget:
-    """A job whose ranks are all gone: its record, else whatever its ranks left behind."""
+    """A job whose ranks are all gone: its recording, else whatever its ranks left behind."""
     records = {r.job_id: r for r in jobrecord.list_records()}
     stale = found.every
     names = set(records) | set(stale)
@@ -140,7 +140,7 @@ def _latest_ended(found: host_jobs.HostJobs) -> JobTarget:
             "start one with `ddptop launch -- torchrun ...`"
         )
     last = max(ended, key=lambda r: (r.end_time or r.start_time, r.job_id))
-    print(f"ddptop: no job is running here; job {last.job_id} ended last: reading its record",
+    print(f"ddptop: no job is running here; job {last.job_id} ended last: reading its recording",
           file=sys.stderr)
     stale = found.every.get(last.job_id, [])
     return _job(last.job_id, [], stale, last)

@@ -71,6 +71,6 @@ def with_silence_named(snap: JobSnapshot, timeout_s: float) -> JobSnapshot:
 def _reason(rank: int, why: str, timeout_s: float) -> str:
     if why in _NOT_HEARD:
         return f"rank {rank}: no answer within {timeout_s:g} s"
-    if why == "no discovery record":
-        return f"rank {rank}: no record found (not started, or on another host)"
+    if why == "no discovery entry":
+        return f"rank {rank}: no discovery entry found (not started, or on another host)"
     return f"rank {rank}: {why}"

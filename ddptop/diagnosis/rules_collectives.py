@@ -228,7 +228,7 @@ def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int
                         f"{human_duration(now - s.time)} ago: {at})" if r in unheard
                         else f"rank {r} never entered it ({at})")
     evidence += [f"rank {r} {why}" for r, why in sorted(gone.items())]
-    # Ranks this viewer never heard from at all (no record here, unreachable): not seen outside
+    # Ranks this viewer never heard from at all (no discovery entry here, unreachable): not seen outside
     # the collective either.
     unreported = {r for r, why in gone.items() if why == DID_NOT_REPORT and r not in by_rank}
     never = sorted(set(lagging) - unheard - unreported)

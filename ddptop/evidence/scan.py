@@ -2,7 +2,7 @@
 
 ``ddptop doctor|replay|export PATH...`` takes folders and files: Flight Recorder dumps
 (pickle or JSON, any prefix or host in the name), torchrun's log, torchelastic's error
-files, ddptop recordings, bundles and black-box records, or a mix. Each file is recognised
+files, ddptop recordings, bundles and black-box recordings, or a mix. Each file is recognised
 by its first bytes, never by its name; what cannot be read is a one-line warning naming it
 while the rest is analysed. Links are not followed, folders are walked to a bounded depth,
 and the number of files and bytes read is capped per set.
@@ -73,7 +73,7 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
             raise DdptopError(f"{raw}: no such file or folder")
         if path.is_dir() and is_recording(path):
             found.recordings.append(path)
-            for child in _files(path, found):  # launch puts NCCL's dumps into the job's record
+            for child in _files(path, found):  # launch puts NCCL's dumps into the job's record directory
                 if child.name in (CONSOLE_FILE, CONSOLE_FILE + ".1"):
                     _read_console(child, found)  # the job's own stderr, whatever it starts with
                 elif not child.name.endswith(".ddptop"):

@@ -1,7 +1,7 @@
 """The rank-side reporter. Never imports textual, rich or any viewer module.
 
 :func:`install` is called by ``ddptop launch``'s ``sitecustomize`` in every rank, or by
-the user. It starts the agent thread at once and patches torch as soon as torch is
+the user. It starts the reporter thread at once and patches torch as soon as torch is
 imported (right away if it already is), so nothing the training script constructs
 escapes the hooks.
 """
@@ -30,7 +30,7 @@ def spawn_node_agent(job_id: str) -> None:
     """Start the node agent that keeps this job's black box (no launcher here to do it).
 
     ``python -m ddptop.agent`` in a session of its own: it outlives the ranks, sees their
-    exits and ends by itself when they are gone. Failure only costs the record.
+    exits and ends by itself when they are gone. Failure only costs the recording.
     """
     if os.environ.get("DDPTOP_RECORD_MB", "").strip() in ("0", "0.0"):
         return

@@ -3,7 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | DDPTOP_BIND | 127.0.0.1 | address the rank's server binds (non-loopback needs a token) |
-| DDPTOP_PORT | 0 | port (0: any free port, published in the discovery record) |
+| DDPTOP_PORT | 0 | port (0: any free port, published in the discovery entry) |
 | DDPTOP_ADVERTISE | | host name/address published for multi-node viewers |
 | DDPTOP_AGENT_PORT | | the node agent's port (set by ``ddptop launch``), published with the rank |
 | DDPTOP_INTERVAL | 1.0 | sampling interval in seconds |
@@ -28,7 +28,7 @@ from ddptop.store import discovery
 
 @dataclass
 class ReporterConfig:
-    """Everything the agent needs to know about its rank and how to serve it."""
+    """Everything the reporter thread needs to know about its rank and how to serve it."""
 
     rank: int
     local_rank: int

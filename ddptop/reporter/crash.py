@@ -2,7 +2,7 @@
 
 ``faulthandler`` writes every thread's stack into a per-rank file when the rank dies of
 SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL, and on SIGUSR2 on demand (it works even
-while a C call holds the GIL). At interpreter exit the agent writes a last-words file
+while a C call holds the GIL). At interpreter exit the reporter writes a last-words file
 (final state and the exception, if one killed the rank) for viewers to read post-mortem.
 
 Forked children (DataLoader workers) inherit faulthandler and its file descriptor: a

@@ -1,4 +1,4 @@
-"""The reporter agent: one daemon thread per rank that samples, remembers and serves.
+"""The reporter thread: one daemon thread per rank that samples, remembers and serves.
 
 The thread wakes once per interval (1 s by default), turns the hot-path counters of
 :mod:`ddptop.reporter.progress` into a :class:`RankState`, appends a compact sample to
@@ -91,7 +91,7 @@ class Reporter:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Bind the server, write the discovery record and start the thread."""
+        """Bind the server, write the discovery entry and start the thread."""
         cfg = self.config
         # Enforced here, in the rank, not only by `ddptop launch --bind`: DDPTOP_BIND can be
         # set by hand, and an open port without a token must never be served.
@@ -123,7 +123,7 @@ class Reporter:
         os.register_at_fork(after_in_child=self.progress.detach_page)
 
     def shutdown(self) -> None:
-        """Stop the thread, leave last words, remove the discovery record."""
+        """Stop the thread, leave last words, remove the discovery entry."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -136,7 +136,7 @@ class Reporter:
         try:
             discovery.rank_file(self.config.job_id, self.config.rank).unlink(missing_ok=True)
         except OSError as exc:
-            log.debug("ddptop: discovery record not removed: %s", exc)
+            log.debug("ddptop: discovery entry not removed: %s", exc)
         if self.server is not None:
             self.server.close()
 

@@ -35,12 +35,12 @@ AGENT_WAIT_S = 300.0  # how long a rank looks for a node agent spawned after it 
 
 
 class Announcer:
-    """Where this rank says where it serves: its discovery record and the job's store.
+    """Where this rank says where it serves: its discovery entry and the job's store.
 
     Under ``ddptop launch`` the ranks know their node agent from the start. With
-    ``install()`` alone, local rank 0 spawns the agent after the ranks started: each rank
+    ``install()`` alone, local rank 0 spawns the node agent after the ranks started: each rank
     looks for its file once per sample (a failed open, at most :data:`AGENT_WAIT_S`), then
-    names it in its record and in the store, so viewers and the other nodes' agents reach
+    names it in its discovery entry and in the store, so viewers and the other nodes' agents reach
     this node through it. Runs on the reporter thread; never raises into training.
     """
 
@@ -49,7 +49,7 @@ class Announcer:
         self._timeout_s = store_timeout_s
         self._published = False
         self._agent_until = 0.0 if endpoint.agent_port else time.monotonic() + AGENT_WAIT_S
-        discovery.write_record(endpoint)
+        discovery.write_entry(endpoint)
 
     def tick(self, group_ready: bool) -> None:
         """Once per sample: adopt a node agent that appeared; publish once the group is up."""
@@ -58,7 +58,7 @@ class Announcer:
             if port:
                 self._agent_until = 0.0
                 self.endpoint = replace(self.endpoint, agent_port=port)
-                discovery.write_record(self.endpoint)
+                discovery.write_entry(self.endpoint)
                 if self._published:
                     publish_endpoint(self.endpoint, self._timeout_s)
         if group_ready and not self._published:
@@ -67,7 +67,7 @@ class Announcer:
 
 
 def own_endpoint(cfg: ReporterConfig, port: int, start_time: float, node: str) -> Endpoint:
-    """This rank's discovery record: where it serves, and the names a viewer finds the job by."""
+    """This rank's discovery entry: where it serves, and the names a viewer finds the job by."""
     env = dict(os.environ)
     return Endpoint(
         job_id=cfg.job_id, rank=cfg.rank, world_size=cfg.world_size,

@@ -1,8 +1,8 @@
 """Where ranks announce themselves on a host, and how a viewer finds them.
 
-Each rank writes one small JSON record into a per-user runtime directory (mode 0700):
-``<job_id>.<rank>.json`` with host, port, pid, rank, world size and job id. The record
-is removed at clean exit; a record whose pid is gone is stale and ignored (its crash
+Each rank writes one small JSON discovery entry into a per-user runtime directory (mode 0700):
+``<job_id>.<rank>.json`` with host, port, pid, rank, world size and job id. The entry
+is removed at clean exit; an entry whose pid is gone is stale and ignored (its crash
 and last-words files beside it are kept for the post-mortem). Standard library only:
 the reporter inside a rank imports this.
 """
@@ -51,7 +51,7 @@ class Endpoint:
     # Port of the node agent (``ddptop launch``) that serves this rank with the rest of its
     # node, at the same host; 0 when there is none (``ddptop.install()`` without a launcher).
     agent_port: int = 0
-    # Added with #22 (older records lack them): the job's TCPStore as "host:port", where every
+    # Added with #22 (older entries lack them): the job's TCPStore as "host:port", where every
     # rank published its endpoint (a viewer that finds some ranks here reads the rest there);
     # the scheduler's name of the job ("12345.0", SLURM's job.step) and the job's name there.
     store: str = ""
@@ -64,15 +64,15 @@ class Endpoint:
         return (self.host, self.agent_port) if self.agent_port else None
 
     def to_json(self) -> str:
-        """Serialise for the discovery record and the TCPStore."""
+        """Serialise for the discovery entry and the TCPStore."""
         return json.dumps(asdict(self), sort_keys=True)
 
     @staticmethod
     def from_json(text: str | bytes) -> Endpoint:
-        """Parse a record; ValueError if it is not one."""
+        """Parse a discovery entry; ValueError if it is not one."""
         data = json.loads(text)
         if not isinstance(data, dict):
-            raise ValueError("endpoint record is not an object")
+            raise ValueError("discovery entry is not an object")
         return Endpoint(
             job_id=str(data["job_id"]),
             rank=int(data["rank"]),
@@ -158,13 +158,13 @@ def private_write(path: Path, data: bytes) -> None:
 
 def rank_file(job_id: str, rank: int, suffix: str = "json") -> Path:
     """Path of one of a rank's files in the runtime directory, ``<job>.<rank>.<suffix>``: its
-    discovery record (``json``), last words (``last``), crash file (``crash``), progress page
+    discovery entry (``json``), last words (``last``), crash file (``crash``), progress page
     (``page``) or the node agent's stuck report (``stuck``)."""
     return runtime_dir() / f"{job_id}.{rank}.{suffix}"
 
 
-def write_record(endpoint: Endpoint, directory: Path | None = None) -> Path:
-    """Atomically write *endpoint*'s discovery record (into *directory*, else the runtime dir)."""
+def write_entry(endpoint: Endpoint, directory: Path | None = None) -> Path:
+    """Atomically write *endpoint*'s discovery entry (into *directory*, else the runtime dir)."""
     if directory is None:
         path = rank_file(endpoint.job_id, endpoint.rank)
     else:
@@ -184,34 +184,34 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-MAX_RECORD_BYTES = 64 * 1024
-MAX_RECORDS = 65536  # records read from one directory, at most
+MAX_ENTRY_BYTES = 64 * 1024
+MAX_ENTRIES = 65536  # discovery entries read from one directory, at most
 
 
-def records_in(directory: Path) -> list[Endpoint]:
-    """Every well-formed record in *directory* (capped reads, no symlinks), alive or not."""
+def entries_in(directory: Path) -> list[Endpoint]:
+    """Every well-formed discovery entry in *directory* (capped reads, no symlinks), alive or not."""
     found: list[Endpoint] = []
     try:
-        paths = sorted(directory.glob("*.json"))[:MAX_RECORDS]
+        paths = sorted(directory.glob("*.json"))[:MAX_ENTRIES]
     except OSError:
         return []
     for path in paths:
-        data = private_read(path, MAX_RECORD_BYTES)
+        data = private_read(path, MAX_ENTRY_BYTES)
         try:
             if data is None:
                 raise ValueError("unreadable, a symlink or too large")
             found.append(Endpoint.from_json(data))
         except (ValueError, KeyError, TypeError) as exc:
-            log.debug("ignoring unreadable record %s: %s", path, exc)
+            log.debug("ignoring unreadable discovery entry %s: %s", path, exc)
     return found
 
 
-def read_records(include_stale: bool = False) -> list[Endpoint]:
-    """All well-formed records in the runtime directory, live ones only by default."""
+def read_entries(include_stale: bool = False) -> list[Endpoint]:
+    """All well-formed discovery entries in the runtime directory, live ones only by default."""
     directory = runtime_dir(create=False)
     if not directory.is_dir():
         return []
-    return [e for e in records_in(directory) if include_stale or pid_alive(e.pid)]
+    return [e for e in entries_in(directory) if include_stale or pid_alive(e.pid)]
 
 
 def group_by_job(endpoints: list[Endpoint]) -> dict[str, list[Endpoint]]:
@@ -225,8 +225,8 @@ def group_by_job(endpoints: list[Endpoint]) -> dict[str, list[Endpoint]]:
 
 
 def jobs_on_host(include_stale: bool = False) -> dict[str, list[Endpoint]]:
-    """Records grouped by job id, each job's ranks sorted."""
-    return group_by_job(read_records(include_stale))
+    """Discovery entries grouped by job id, each job's ranks sorted."""
+    return group_by_job(read_entries(include_stale))
 
 
 AGENT_SUFFIX = "agent"  # <job>.agent: "PORT PID" of a node agent that ranks did not start knowing

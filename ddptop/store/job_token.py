@@ -1,7 +1,7 @@
 """Every job gets a token: safe by default, even on one host.
 
 A rank's port on loopback answers anything on the host; the runtime directory's 0700
-protects the discovery records, not the port. So a job without ``DDPTOP_TOKEN`` gets one of
+protects the discovery entries, not the port. So a job without ``DDPTOP_TOKEN`` gets one of
 its own: ``<runtime dir>/<job>.token``, mode 0600, created by whichever comes first of
 ``ddptop launch`` and the job's ranks on the host (atomically: a rank that loses the race
 reads the winner's). Every rank of the job on the host serves with it; viewers of the same

@@ -1,10 +1,10 @@
-"""The record of a job on this host: ``<runtime dir>/jobs/<job id>/``.
+"""A job's record directory on this host, ``<runtime dir>/jobs/<job id>/``, and its job record.
 
-``job.json`` says what the job was and how each local rank ended (written by the node
+The job record, ``job.json``, says what the job was and how each local rank ended (written by the node
 agent at start, at every rank exit and at the end); beside it the agent's recording (see
 :mod:`ddptop.agent.recording`). Ended jobs stay listed by ``ddptop jobs`` and readable by
 ``doctor``, ``replay`` and ``export`` until retention prunes them: oldest first, by age and
-by the total size of all records (``DDPTOP_KEEP_DAYS``, ``DDPTOP_KEEP_MB``).
+by the total size of all record directories (``DDPTOP_KEEP_DAYS``, ``DDPTOP_KEEP_MB``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ddptop.store.discovery import pid_alive, private_write
 log = logging.getLogger(__name__)
 
 JOBS_DIR = "jobs"
-RECORD_DIR_ENV = "DDPTOP_RECORD_DIR"  # records elsewhere than the runtime dir (a bigger disk)
+RECORD_DIR_ENV = "DDPTOP_RECORD_DIR"  # record directories elsewhere than the runtime dir (a bigger disk)
 RECORD_FILE = "job.json"
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a job.json is a few KB; anything huge is not ours
 DEFAULT_KEEP_DAYS = 7.0
@@ -65,12 +65,12 @@ class JobRecord(msgspec.Struct, kw_only=True):
 
     @property
     def ended(self) -> bool:
-        """True once the agent closed the record, or died without closing it."""
+        """True once the agent closed the job record, or died without closing it."""
         return bool(self.end_time) or not pid_alive(self.agent_pid)
 
 
 def jobs_dir(create: bool = False) -> Path:
-    """Where job records live: ``$DDPTOP_RECORD_DIR``, else ``<runtime dir>/jobs`` (0700)."""
+    """Where record directories live: ``$DDPTOP_RECORD_DIR``, else ``<runtime dir>/jobs`` (0700)."""
     explicit = os.environ.get(RECORD_DIR_ENV)
     path = Path(explicit) if explicit else discovery.runtime_dir(create=create) / JOBS_DIR
     if create:
@@ -80,7 +80,7 @@ def jobs_dir(create: bool = False) -> Path:
 
 
 def job_dir(job_id: str, create: bool = False) -> Path:
-    """The directory of one job's record."""
+    """One job's record directory."""
     if not discovery.is_safe_job_id(job_id):
         raise ValueError(f"not a job id: {job_id[:40]!r}")
     path = jobs_dir(create) / job_id
@@ -95,7 +95,7 @@ def write_record(record: JobRecord) -> None:
 
 
 def read_record(job_id: str) -> JobRecord | None:
-    """The record of *job_id*, or None if there is none (or it is unreadable)."""
+    """The job record of *job_id*, or None if there is none (or it is unreadable)."""
     try:
         return _read(job_dir(job_id) / RECORD_FILE)
     except ValueError:
@@ -123,7 +123,7 @@ def list_records() -> list[JobRecord]:
         if not path.is_dir() or path.is_symlink() or not discovery.is_safe_job_id(path.name):
             continue
         record = _read(path / RECORD_FILE)
-        if record is not None and record.job_id == path.name:  # a record names its own directory
+        if record is not None and record.job_id == path.name:  # a job record names its own directory
             found.append(record)
     return sorted(found, key=lambda r: (r.start_time, r.job_id))
 

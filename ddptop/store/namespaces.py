@@ -1,7 +1,7 @@
 """Runtime directories this process cannot see in its own /tmp (#22).
 
 A job whose /tmp is private to it (SLURM's ``job_container/tmpfs``, a container's own /tmp,
-``PrivateTmp=`` of a systemd unit) writes its discovery records where a person's SSH
+``PrivateTmp=`` of a systemd unit) writes its discovery entries where a person's SSH
 session on the node never looks: the same path, another mount namespace. The kernel shows
 that namespace's files at ``/proc/PID/root`` to whoever may read the process (its own user,
 or root), without entering it and without touching the process: no signal, no ptrace stop,
@@ -42,7 +42,7 @@ class HiddenDir:
     pids: set[int] = field(default_factory=set)  # its processes' pids in their own pid namespace
 
     def alive(self, pid: int) -> bool:
-        """True if a process of this namespace has *pid* (as its records count pids)."""
+        """True if a process of this namespace has *pid* (as its discovery entries count pids)."""
         return pid in self.pids
 
 

@@ -2,7 +2,8 @@
 
 Written by the rank (:mod:`ddptop.reporter.crash`, :mod:`ddptop.reporter.last_words`),
 read by the node agent and by viewers on the same host; both sides import this module,
-so it depends on the protocol and the standard library only.
+so it depends on the protocol, the store's own modules and the standard library only. Its
+bounded reader (:func:`read_bounded`) serves the evidence readers too.
 
 * ``<job>.<rank>.last``: the final :class:`RankState` (msgpack), written at exit, on an
   uncaught exception and on SIGTERM;
@@ -41,8 +42,8 @@ WORKER_DEATH = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)\s*"
 
 def read_bounded(path: str | os.PathLike[str], limit: int, *, tail: bool) -> tuple[bytes, int]:
     """At most *limit* bytes of *path* (its end when *tail*, else its start) and its size;
-    never through a link: how a file of a rank's or from elsewhere that may be large is read
-    (small private files whole: :func:`ddptop.store.discovery.private_read`); OSError."""
+    never through a link: for a file of a rank's, or an evidence file, that may be large
+    (small private files are read whole by :func:`ddptop.store.discovery.private_read`); OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size

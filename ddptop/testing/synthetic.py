@@ -1,7 +1,7 @@
 """A synthetic job: N fake ranks speaking the real protocol over real sockets, for tests and benches.
 
 ``python -m ddptop.testing.synthetic --ranks 1024 --job-id demo`` opens one listener per rank on
-127.0.0.1 with a discovery record each, so ``ddptop snapshot demo`` and ``ddptop attach
+127.0.0.1 with a discovery entry each, so ``ddptop snapshot demo`` and ``ddptop attach
 demo`` find it like a torchrun job. Each rank is a real ``ReporterServer`` (the rank's own
 handshake, auth and output cap); one thread drives them all on one shared ``ServerLoop``.
 The values are :class:`~ddptop.testing.synthetic_ranks.FakeRanks`' (pure in seed, rank, tick).
@@ -70,7 +70,7 @@ class SyntheticJob:
         self.n_ranks, self.job_id, self.scenario, self.interval_s = n_ranks, job_id, scenario, interval_s
         self._dir = Path(runtime_dir) if runtime_dir is not None else None
         self._per_agent = ranks_per_agent  # > 0: node agents serve the ranks too (synthetic_agents)
-        self.rank_servers = rank_servers  # False: only the agents listen (records name their ports)
+        self.rank_servers = rank_servers  # False: only the agents listen (discovery entries name their ports)
         # A node is the agent's K ranks, or 8 (one host's GPUs) without agents.
         self._make_fake = partial(FakeRanks, n_ranks, job_id, scenario, interval_s, seed=seed,
                                   fake_gpu=fake_gpu, steps_per_s=steps_per_s,
@@ -101,7 +101,7 @@ class SyntheticJob:
 
     @property
     def runtime_dir(self) -> Path:
-        """Where the discovery records go."""
+        """Where the discovery entries go."""
         return self._dir if self._dir is not None else discovery.runtime_dir()
 
     def fds_needed(self) -> int:
@@ -109,7 +109,7 @@ class SyntheticJob:
         return fds_needed(self.n_ranks, self._per_agent, self.rank_servers, self._viewers)
 
     def start(self) -> SyntheticJob:
-        """Open every listener, write the records and start the serving thread."""
+        """Open every listener, write the discovery entries and start the serving thread."""
         ensure_fd_limit(self.fds_needed())
         t0 = time.time()
         self.fake = fake = self._make_fake(t0=t0)
@@ -126,11 +126,12 @@ class SyntheticJob:
                     self._servers[rank] = server = ReporterServer(
                         "127.0.0.1", 0, self._token, rank, self.job_id, partial(self._handle, rank),
                         loop=self._loop, max_output=VIEWER_OUTPUT_CAP)
-                # Agents only: the record still exists (discovery finds the rank), at its agent's port.
+                # Agents only: the discovery entry still exists (discovery finds the rank), at its
+                # agent's port.
                 endpoint = Endpoint(self.job_id, rank, self.n_ranks, "127.0.0.1",
                                     server.port if self.rank_servers else agent_port, os.getpid(),
                                     start_time=t0, node=fake.host(rank), agent_port=agent_port)
-                discovery.write_record(endpoint, directory)
+                discovery.write_entry(endpoint, directory)
                 self.endpoints.append(endpoint)
         except BaseException:
             self.stop()
@@ -140,7 +141,7 @@ class SyntheticJob:
         return self
 
     def stop(self) -> None:
-        """Stop serving, close every socket and remove the discovery records (idempotent)."""
+        """Stop serving, close every socket and remove the discovery entries (idempotent)."""
         self._stop.set()
         if self._loop is not None:
             self._loop.wake()
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         event = f", event at {job.event_at:.3f}" if job.event_at is not None else ""
         odd = f"odd rank {job.odd_rank}{event}"
         print(f"ready: job {args.job_id}, {args.ranks} ranks ({args.scenario}, {odd}) on "
-              f"127.0.0.1 ports {min(ports)}-{max(ports)}, records in {job.runtime_dir}", flush=True)
+              f"127.0.0.1 ports {min(ports)}-{max(ports)}, discovery entries in {job.runtime_dir}",
+              flush=True)
         stop.wait(args.seconds if args.seconds > 0 else None)
     except DdptopError as exc:
         print(f"ddptop-synthetic: error: {exc}", file=sys.stderr)

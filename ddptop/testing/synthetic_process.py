@@ -1,7 +1,7 @@
 """Process plumbing of the synthetic job: the RLIMIT_NOFILE check and the generator subprocess.
 
 ``run_in_subprocess`` starts ``python -m ddptop.testing.synthetic`` in its own session and returns
-once the generator printed its ``ready`` banner (every discovery record is written by then);
+once the generator printed its ``ready`` banner (every discovery entry is written by then);
 ``SyntheticProcess.stop`` kills the whole process group and reaps it.
 """
 
@@ -55,7 +55,7 @@ class SyntheticProcess:
 
     @property
     def pid(self) -> int:
-        """The generator's pid (also the pid in its discovery records)."""
+        """The generator's pid (also the pid in its discovery entries)."""
         return self.proc.pid
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -75,7 +75,8 @@ class SyntheticProcess:
 def run_in_subprocess(n_ranks: int, job_id: str, scenario: str = "healthy", interval_s: float = 1.0,
                       runtime_dir: str | Path | None = None, *, seed: int = 0,
                       extra_args: tuple[str, ...] = (), ready_timeout: float = 120.0) -> SyntheticProcess:
-    """Start ``python -m ddptop.testing.synthetic`` in a new session; return once every record is written."""
+    """Start ``python -m ddptop.testing.synthetic`` in a new session; return once every
+    discovery entry is written."""
     env = dict(os.environ)
     if runtime_dir is not None:
         env[discovery.RUNTIME_ENV] = str(runtime_dir)

@@ -36,10 +36,8 @@ from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
 from ddptop.tui.replay_actions import ReplayActions
 from ddptop.tui.row_index import GROUP_FROM_RANKS, RowIndex
 from ddptop.tui.rows import RowBuilder
-from ddptop.tui.screens.detail import RankDetail
-from ddptop.tui.screens.filter import FilterPrompt
 from ddptop.tui.screens.help import HelpScreen
-from ddptop.tui.screens.stacks import StacksScreen
+from ddptop.tui.table_actions import TableActions
 from ddptop.tui.widgets.findings_panel import FindingsPanel
 from ddptop.tui.widgets.header import JobHeader
 from ddptop.tui.widgets.rank_table import RankTable
@@ -67,7 +65,7 @@ class EventsReady(Message):
         return isinstance(message, EventsReady)
 
 
-class DdptopApp(ReplayActions):
+class DdptopApp(TableActions, ReplayActions):
     """The dashboard. ``source`` is live or replayable; ``clock`` gives "now" in live mode."""
 
     CSS_PATH = "ddptop.tcss"
@@ -298,10 +296,6 @@ class DdptopApp(ReplayActions):
         self.notify(f"view: {self._index.cycle()}")
         self.redraw()
 
-    def on_rank_table_chosen(self, message: RankTable.Chosen) -> None:
-        """Enter on a row: the rank's detail."""
-        self.open_detail(message.rank)
-
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Replay keys only in replay; dashboard keys only on the dashboard screen."""
         if action in _REPLAY_ONLY and not self.replay:
@@ -312,26 +306,9 @@ class DdptopApp(ReplayActions):
 
     # ------------------------------------------------------------ actions
 
-    def open_detail(self, rank: int) -> None:
-        """Push the detail screen of *rank* (error note if unknown)."""
-        view = self.model.ranks.get(rank)
-        if view is None:
-            self.notify(f"rank {rank}: nothing received yet", severity="warning")
-            return
-        self.push_screen(RankDetail(view, view.status(self.now()), self.now(), self.source))
-
     def action_help(self) -> None:
         """Key help."""
         self.push_screen(HelpScreen())
-
-    def action_stacks(self) -> None:
-        """Stacks of the selected ranks (all when none is selected), grouped."""
-        if self.replay:
-            self.notify("stacks need a live job (replay shows recorded stacks in the detail)",
-                        severity="warning")
-            return
-        selected = sorted(self.query_one(RankTable).selected)
-        self.push_screen(StacksScreen(self.source, selected or None))
 
     def action_export(self) -> None:
         """Export in a worker thread; report the file or the error."""
@@ -348,35 +325,6 @@ class DdptopApp(ReplayActions):
             self.call_from_thread(self.notify, f"export failed: {exc}", severity="error", timeout=15)
             return
         self.call_from_thread(self.notify, line, timeout=15)
-
-    def action_filter(self) -> None:
-        """Prompt for a filter."""
-        table = self.query_one(RankTable)
-
-        def apply(query: str | None) -> None:
-            if query is None:
-                return
-            shown = table.set_filter(query)
-            if not query.strip():
-                self.notify("filter cleared")
-            elif shown:
-                self.notify(f"filter {query!r}: {shown} rank(s)")
-            else:
-                self.notify(f"filter {query!r} matches no rank", severity="warning")
-
-        self.push_screen(FilterPrompt(table.filter_query), apply)
-
-    def action_sort(self, delta: int) -> None:
-        """Sort by the previous/next column."""
-        with self.source.foreground.busy():  # a sort of 32,768 ranks: tens of ms
-            key = self.query_one(RankTable).cycle_sort(delta)
-        self.notify(f"sorted by {key}", timeout=2)
-
-    def action_toggle_order(self) -> None:
-        """Reverse the sort order."""
-        with self.source.foreground.busy():
-            desc = self.query_one(RankTable).toggle_order()
-        self.notify("descending" if desc else "ascending", timeout=2)
 
     def action_pause(self) -> None:
         """Freeze the display (events are still folded, so resuming is current)."""

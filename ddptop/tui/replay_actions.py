@@ -1,7 +1,8 @@
 """The dashboard's replay keys: step, jump, play and speed along a recording's timeline.
 
-Apart from :mod:`ddptop.tui.app` so that the app keeps to wiring (and to its 400 lines); the
-timeline widget itself does the moving (:mod:`ddptop.tui.widgets.timeline`).
+A base of :class:`~ddptop.tui.app.DdptopApp` (beside :mod:`ddptop.tui.table_actions`), so that
+the app keeps to wiring and redrawing; the timeline widget itself does the moving
+(:mod:`ddptop.tui.widgets.timeline`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""Rank-table rows: built from a JobModel, sorted, filtered and formatted into cells (pure).
+"""Rank-table rows: built from a JobModel and formatted into cells (pure).
 
 The rank table widget only paints what these helpers produce, so every decision about
-what a row says (and which style class colours it) is testable without a terminal.
+what a row says (and which style class colours it) is testable without a terminal. Their
+order and the filter over them are :mod:`ddptop.tui.sort_filter`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddptop.diagnosis.desync import RankFacts, facts_of, leads_of, marks_of
 from ddptop.model.job import JobModel
@@ -234,58 +233,6 @@ def _row(view: RankView, status: str, facts: RankFacts) -> RankRow:
 def _short_op(op: str) -> str:
     # "gloo:all_reduce" -> "all_reduce": the backend is in the header already.
     return op.split(":", 1)[-1]
-
-
-# ---------------------------------------------------------------- sorting and filtering
-
-_SORT_KEYS: dict[str, Callable[[RankRow], Any]] = {
-    "rank": lambda r: r.rank, "host": lambda r: r.host, "status": lambda r: r.status,
-    "flags": lambda r: (len(r.marks), ",".join(r.marks)), "step": lambda r: r.step,
-    "epoch": lambda r: r.epoch, "batch": lambda r: r.batch, "seq": lambda r: r.seq,
-    "pending": lambda r: r.pending_age_s, "wait": lambda r: r.data_wait, "ready": lambda r: r.ready,
-    "cpu": lambda r: r.cpu, "rss": lambda r: r.rss, "gpu": lambda r: r.gpu_util,
-    "gmem": lambda r: r.gpu_mem, "shm": lambda r: r.shm_used,
-}
-
-
-def sort_rows(rows: list[RankRow], key: str, reverse: bool = False) -> list[RankRow]:
-    """Rows ordered by column *key*; missing values always last, ties by rank."""
-    get = _SORT_KEYS[key]
-    present = [r for r in rows if get(r) is not None]
-    missing = [r for r in rows if get(r) is None]
-    present.sort(key=lambda r: r.rank)
-    present.sort(key=get, reverse=reverse)
-    return present + sorted(missing, key=lambda r: r.rank)
-
-
-def _rank_term(term: str) -> set[int] | None:
-    lo, sep, hi = term.partition("-")
-    if lo.isdigit() and (not sep or hi.isdigit()):
-        return set(range(int(lo), int(hi if sep else lo) + 1))
-    return None
-
-
-def matches(row: RankRow, query: str) -> bool:
-    """Does *row* match *query*? Comma-separated terms, any may match: a rank ("3"),
-    a rank range ("0-7"), or a case-insensitive piece of the host, status or a mark."""
-    terms = [t.strip().lower() for t in query.split(",") if t.strip()]
-    if not terms:
-        return True
-    for term in terms:
-        ranks = _rank_term(term)
-        if ranks is not None:
-            if row.rank in ranks:
-                return True
-        elif term in row.host.lower() or term in row.status or any(term in m.lower() for m in row.marks):
-            return True
-    return False
-
-
-def filter_rows(rows: list[RankRow], query: str) -> list[RankRow]:
-    """Rows matching *query* (see :func:`matches`)."""
-    if not query.strip():
-        return list(rows)  # the usual case, at every redraw: no per-row test
-    return [r for r in rows if matches(r, query)]
 
 
 # ---------------------------------------------------------------- cells

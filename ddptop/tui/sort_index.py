@@ -1,12 +1,13 @@
 """The rank table sorted by a column at 32,768 ranks, without building 32,768 rows.
 
-``sort_rows`` orders :class:`~ddptop.tui.rows.RankRow` objects: above GROUP_FROM_RANKS that
-meant building every rank's row (~15 us each, half a second at 32,768 ranks) whenever the
-order was refreshed. :func:`sorted_ranks` reads each rank's value for the column straight from
-what the row would be built from (the view's detail and its unmerged pulse, the index's facts
-and marks) and orders the rank ids exactly as ``sort_rows`` orders their rows: values present
-first (ties by rank), missing values last by rank. The table builds the ~50 rows it paints.
-tests/test_row_index.py holds the order equal to ``sort_rows`` over every row, column by column.
+``sort_rows`` (:mod:`ddptop.tui.sort_filter`) orders :class:`~ddptop.tui.rows.RankRow` objects:
+above GROUP_FROM_RANKS that meant building every rank's row (~15 us each, half a second at
+32,768 ranks) whenever the order was refreshed. :func:`sorted_ranks` reads each rank's value for
+the column straight from what the row would be built from (the view's detail and its unmerged
+pulse, the index's facts and marks) and orders the rank ids exactly as ``sort_rows`` orders
+their rows: values present first (ties by rank), missing values last by rank. The table builds
+the ~50 rows it paints. tests/test_row_index.py holds the order equal to ``sort_rows`` over
+every row, column by column.
 
 A sort key pressed at 32,768 ranks pays for one pass reading the column (one comprehension per
 column, C-level getters) and one sort of positions by value: 6-51 ms a column, against 7-71 ms

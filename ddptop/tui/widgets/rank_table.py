@@ -22,7 +22,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ddptop.tui.row_sequence import RowSequence
-from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, GroupRow, RankRow, cells, filter_rows, group_line, sort_rows
+from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, GroupRow, RankRow, cells, group_line
+from ddptop.tui.sort_filter import filter_rows, sort_rows
 
 _LINE_WIDTH = sum(c.width for c in COLUMNS) + len(COLUMNS) + 1
 # A grouped table sorted by another column, or filtered, needs every rank's row: rebuilt at

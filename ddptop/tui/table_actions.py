@@ -1,0 +1,80 @@
+"""The dashboard's keys on its rank table: a rank's detail, the selected ranks' stacks,
+filtering, sorting and the sort order.
+
+A base of :class:`~ddptop.tui.app.DdptopApp` (beside :mod:`ddptop.tui.replay_actions`), so
+that the app keeps to wiring and redrawing; each key pushes a screen
+(:mod:`ddptop.tui.screens`) or asks the table (:mod:`ddptop.tui.widgets.rank_table`).
+"""
+
+from __future__ import annotations
+
+from textual.app import App
+
+from ddptop.model.job import JobModel
+from ddptop.source import JobSource
+from ddptop.tui.screens.detail import RankDetail
+from ddptop.tui.screens.filter import FilterPrompt
+from ddptop.tui.screens.stacks import StacksScreen
+from ddptop.tui.widgets.rank_table import RankTable
+
+
+class TableActions(App[int]):
+    """The rank table's keys of :class:`~ddptop.tui.app.DdptopApp` (bound to keys there)."""
+
+    source: JobSource  # set by the app
+    model: JobModel  # set by the app: the job as shown
+    replay = False  # set by the app: whether the source replays a recording
+
+    def now(self) -> float:
+        """The time the dashboard shows (the app's clock, or the replay's position)."""
+        raise NotImplementedError
+
+    def on_rank_table_chosen(self, message: RankTable.Chosen) -> None:
+        """Enter on a row: the rank's detail."""
+        self.open_detail(message.rank)
+
+    def open_detail(self, rank: int) -> None:
+        """Push the detail screen of *rank* (error note if unknown)."""
+        view = self.model.ranks.get(rank)
+        if view is None:
+            self.notify(f"rank {rank}: nothing received yet", severity="warning")
+            return
+        self.push_screen(RankDetail(view, view.status(self.now()), self.now(), self.source))
+
+    def action_stacks(self) -> None:
+        """Stacks of the selected ranks (all when none is selected), grouped."""
+        if self.replay:
+            self.notify("stacks need a live job (replay shows recorded stacks in the detail)",
+                        severity="warning")
+            return
+        selected = sorted(self.query_one(RankTable).selected)
+        self.push_screen(StacksScreen(self.source, selected or None))
+
+    def action_filter(self) -> None:
+        """Prompt for a filter."""
+        table = self.query_one(RankTable)
+
+        def apply(query: str | None) -> None:
+            if query is None:
+                return
+            shown = table.set_filter(query)
+            if not query.strip():
+                self.notify("filter cleared")
+            elif shown:
+                self.notify(f"filter {query!r}: {shown} rank(s)")
+            else:
+                self.notify(f"filter {query!r} matches no rank", severity="warning")
+
+        self.push_screen(FilterPrompt(table.filter_query), apply)
+
+    def action_sort(self, delta: int) -> None:
+        """Sort by the previous/next column."""
+        with self.source.foreground.busy():  # a sort of 32,768 ranks: tens of ms
+            key = self.query_one(RankTable).cycle_sort(delta)
+        self.notify(f"sorted by {key}", timeout=2)
+
+    def action_toggle_order(self) -> None:
+        """Reverse the sort order."""
+        with self.source.foreground.busy():
+            desc = self.query_one(RankTable).toggle_order()
+        self.notify("descending" if desc else "ascending", timeout=2)
