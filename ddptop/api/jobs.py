@@ -60,7 +60,7 @@ class JobEntry(msgspec.Struct, kw_only=True):
 
 def jobs(*, include_unrecorded: bool = False) -> list[JobEntry]:
     """Every job on this host, oldest first: those with live ranks and those whose node agent
-    kept a job record (*include_unrecorded*: also jobs that left no record, ranks started
+    kept a job record (*include_unrecorded*: also jobs that left no job record, ranks started
     without ``ddptop launch``). An empty list is an answer, not an error."""
     found = host_jobs.scan()
     live, every = found.live, found.every

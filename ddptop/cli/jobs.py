@@ -2,7 +2,7 @@
 
 Prints :func:`ddptop.api.jobs`: running jobs from their ranks' discovery entries, ended jobs
 from the job record their node agent (``ddptop launch``) kept. ``--prune`` applies retention
-now (ended jobs older than ``DDPTOP_KEEP_DAYS`` days, then the oldest while all records
+now (ended jobs older than ``DDPTOP_KEEP_DAYS`` days, then the oldest while all record directories
 exceed ``DDPTOP_KEEP_MB``; ``--keep-days`` / ``--keep-mb`` override).
 """
 
@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add jobs' options."""
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--all", action="store_true",
-                        help="also list jobs that left no record (ranks started without `ddptop launch`)")
+                        help="also list jobs that left no job record (ranks started without `ddptop launch`)")
     parser.add_argument("--prune", action="store_true", help="remove old ended jobs' records now")
     parser.add_argument("--keep-days", type=float, default=None, help="with --prune: age limit in days")
     parser.add_argument("--keep-mb", type=float, default=None, help="with --prune: total size limit in MB")

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if not paths:
         target = resolve(args.file[0])
         if target.record is None:
-            raise TargetNotFound(f"job {target.job_id} left no record on this host (recording was off?)")
+            raise TargetNotFound(f"job {target.job_id} left no record directory on this host "
+                                 "(recording was off?)")
         paths, job_id = [target.record], target.job_id
     source = ReplaySource(load_evidence(paths, job_id=job_id))
     warn(source.warnings)
