@@ -179,3 +179,19 @@ def test_launch_makes_the_token_before_the_ranks_and_removes_it_after(job_runner
                          env={**env, "DDPTOP_TOKEN": "shared"}, capture_output=True, text=True, timeout=60,
                          check=False)
     assert res.returncode == 0 and res.stdout.strip() == "False", (res.stdout, res.stderr)
+
+
+def test_a_viewers_job_tokens_read_a_found_file_once_and_look_again_for_a_missing_one(
+        runtime_dir: Path) -> None:
+    """A viewer of thousands of node agents reads the job's token file once, not per handshake;
+    a job that had no file when the viewer first looked is looked for again (a job that starts
+    after its viewer makes its token then)."""
+    from ddptop.client.handshake import JobTokens
+
+    tokens = JobTokens("from-env")
+    assert tokens.for_job("late") == ("from-env", False)  # no file yet: the environment's
+    made = job_token.ensure("late")
+    assert tokens.for_job("late") == (made, True)  # looked for again, and found
+    job_token.path_for("late").unlink()
+    assert tokens.for_job("late") == (made, True)  # kept: the file is not read at each handshake
+    assert JobTokens(None).for_job("late") == (None, False)  # a new viewer reads the file anew

@@ -25,16 +25,42 @@ TOKEN_REFUSED = "refused the token"
 NOT_THE_RANK = "did not prove it knows the job's token"
 
 
+class JobTokens:
+    """Each job's token for one viewer: the job's own file on this host, read once, else the
+    environment's *fallback* (:func:`ddptop.store.job_token.for_viewer`'s rule).
+
+    A viewer of 4,096 node agents shook hands 4,096 times at an attach, and read the same file
+    each time (a tenth of its attach's CPU). A token found is kept; a job without one is looked
+    for again at its next handshake, so a token the job makes after the viewer started is found.
+    """
+
+    def __init__(self, fallback: str | None) -> None:
+        self.fallback = fallback
+        self._found: dict[str, str] = {}
+
+    def for_job(self, job_id: str) -> tuple[str | None, bool]:
+        """The token to prove to *job_id*'s ranks, and whether it is the job's own."""
+        own = self._found.get(job_id)
+        if own is None:
+            own, is_own = job_token.for_viewer(job_id, None)
+            if own is None or not is_own:
+                return self.fallback, False
+            self._found[job_id] = own
+        return own, True
+
+
 class Handshake:
     """One connection's handshake with the rank at *endpoint*.
 
     *token* is the environment's (``auth.load_token()``); the job's own token file on this
-    host, when there is one, wins (:func:`ddptop.store.job_token.for_viewer`)."""
+    host, when there is one, wins (:func:`ddptop.store.job_token.for_viewer`). A viewer of many
+    peers passes its :class:`JobTokens` instead, which reads that file once."""
 
-    def __init__(self, endpoint: Endpoint, token: str | None) -> None:
+    def __init__(self, endpoint: Endpoint, token: str | JobTokens | None) -> None:
         who = "node agent" if endpoint.rank == AGENT_HELLO_RANK else f"rank {endpoint.rank}"
         self.label = f"{who} at {endpoint.host}:{endpoint.port}"
-        self._token, self._job_owns_token = job_token.for_viewer(endpoint.job_id, token)
+        tokens = token if isinstance(token, JobTokens) else JobTokens(token)
+        self._token, self._job_owns_token = tokens.for_job(endpoint.job_id)
         self._challenge = ""
         self.hello: Hello | None = None
         self.done = False

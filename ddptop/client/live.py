@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from ddptop.client import agents
 from ddptop.client.collect import end_after_close, ended_before, stuck_stacks
-from ddptop.client.handshake import Handshake
+from ddptop.client.handshake import Handshake, JobTokens
 from ddptop.client.live_agents import AgentPeers
 from ddptop.client.live_requests import Peer
 from ddptop.client.targets import JobTarget
@@ -90,7 +90,7 @@ class LiveSource(AgentPeers):
         # writes those reports and says no).
         self._read_stuck = read_stuck
         self.description = f"job {target.job_id} ({target.world_size} ranks)"
-        self._token = token
+        self._tokens = JobTokens(token)  # each job's token file read once, not per connection
         self._connect_timeout = connect_timeout
         # The socket engine's loop (ddptop.net): one selector and its wake-up pair, as a rank's
         # server has; this source's peers are what it serves.
@@ -256,7 +256,7 @@ class LiveSource(AgentPeers):
         if isinstance(message, Hello | AuthResult):
             try:
                 if isinstance(message, Hello):
-                    peer.handshake = Handshake(peer.endpoint, self._token)
+                    peer.handshake = Handshake(peer.endpoint, self._tokens)
                     proof = peer.handshake.on_hello(message)
                     if proof is not None:
                         self._send(peer, proof)
