@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -293,5 +295,45 @@ def test_the_background_diagnosis_s_copy_is_freed_when_it_returns() -> None:
             finally:
                 if was_enabled:
                     gc.enable()
+
+    asyncio.run(go())
+
+
+class _Probe(Message):
+    """Posted after a backlog of events: handled after the first slice of it, not the whole."""
+
+
+class _ProbedApp(DdptopApp):
+    CSS_PATH = str(Path(sys.modules[DdptopApp.__module__].__file__ or "").parent / DdptopApp.CSS_PATH)
+    folded_at_probe: int | None = None
+
+    def on__probe(self, _message: _Probe) -> None:
+        self.folded_at_probe = sum(v.base.step for v in self.model.ranks.values() if v.base is not None)
+
+
+def test_a_message_behind_a_backlog_is_handled_after_a_slice_of_it_and_nothing_is_lost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The UI folds waiting events in slices (FOLD_SLICE_S), each a message of its own: a key
+    that comes behind a backlog waits for one slice, and every event is still folded, in order."""
+    import ddptop.tui.app as app_module
+
+    monkeypatch.setattr(app_module, "FOLD_SLICE_S", 0.0)  # a slice of 16 events, whatever the machine
+
+    async def go() -> None:
+        source = mismatch_job()
+        app = _ProbedApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
+            assert source.emit is not None
+            backlog = entries([state(r, step=1000 + i) for i in range(400) for r in range(4)])
+            for event in backlog:  # from the UI thread, without yielding: a backlog
+                source.emit(event)
+            app.post_message(_Probe())
+            done = 4 * 1399  # every rank's last step
+            await until(pilot, lambda: app.folded_at_probe is not None
+                        and sum(v.base.step for v in app.model.ranks.values() if v.base) == done)
+            assert app.folded_at_probe is not None and app.folded_at_probe < done  # not after the whole
+            # In order: each rank's newest state last, as the table shows at its next redraw.
+            await until(pilot, lambda: [r.step for r in app.query_one(RankTable).shown_rows] == [1399] * 4)
 
     asyncio.run(go())

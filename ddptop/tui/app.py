@@ -53,6 +53,10 @@ BACKGROUND_FINDINGS_RANKS = 256
 # 5: the UI thread waits for it at every await of a key's way through Textual while the
 # diagnosis works (sort keys met by one, 32,768 ranks: median 29 against 67 ms, with pace).
 UI_SWITCH_INTERVAL_S = 0.001
+# The UI folds waiting events in slices of about this long, each a message of its own: a key
+# pressed meanwhile is handled after the slice, not after the whole backlog (at 32,768 ranks a
+# quarter of a second of pulses is tens of ms to fold and absorb).
+FOLD_SLICE_S = 0.008
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh", "cycle_view"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
 
@@ -170,8 +174,15 @@ class DdptopApp(TableActions, ReplayActions):
             for header in self.query(JobHeader):  # none while the app shuts down
                 header.dropped = self._buffer.dropped
         with self.source.foreground.busy():
-            for event in events:
-                self.model.apply(event)
+            began, apply = time.perf_counter(), self.model.apply
+            for i, event in enumerate(events):
+                apply(event)
+                if i & 15 == 15 and time.perf_counter() - began > FOLD_SLICE_S and i + 1 < len(events):
+                    # The rest after what came meanwhile (a key): put back first in line, and
+                    # this message again behind the key.
+                    self._buffer.put_back(events[i + 1:])
+                    self.post_message(EventsReady())
+                    break
             if self._index is not None and self._index.model is self.model:
                 self._index.absorb()  # the per-rank part of the next redraw, as events come
         self._dirty = self._dirty or bool(events)

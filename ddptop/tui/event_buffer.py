@@ -36,6 +36,12 @@ class EventBuffer:
         if was_empty:
             self._wake()
 
+    def put_back(self, events: list[Event | PulseBatch]) -> None:
+        """Called on the UI thread: *events*, taken by :meth:`drain` and not folded yet, go back
+        before any that arrived since (the caller asks for the next wake-up itself)."""
+        with self._lock:
+            self._events[:0] = events
+
     def drain(self) -> list[Event | PulseBatch]:
         """Called on the UI thread: take every waiting event, oldest first."""
         with self._lock:
