@@ -583,3 +583,20 @@ def test_straggler_remedy_points_at_data_loading_or_at_the_host() -> None:
     h = {r: samples(wait=0.45 if r == 3 else 0.05, ready=1) for r in range(4)}
     f = only(diagnose(s, h, NOW), "straggler")
     assert f.remedy.startswith("rank 3 is slow to load data on node-0"), f.remedy
+
+
+def test_a_victim_seen_before_the_rank_that_went_is_not_named_as_the_cause() -> None:
+    """Rank 1 segfaulted, but this look saw only rank 2's end ("Connection closed by peer":
+    a peer was gone) while 0 and 1 still show running (rank 1's exit comes a moment later on a
+    loaded machine, seen in CI): no rank is named, rank 2 is a victim, and it says why."""
+    states = [rank(r, 3) for r in range(2)]
+    states.append(rank(2, 3, status="crashed", time=NOW,
+                       exit_reason="RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                                   "[127.0.0.1]:5417"))
+    f = only(diagnose(snap(states), {r: samples() for r in range(3)}, NOW, DiagnosisConfig()), "rank_lost")
+    assert f.ranks == [] and f.victims == [2] and not f.certain and f.severity == "critical", f
+    assert "which one went is not seen yet" in f.title, f
+    # Once rank 1's end is seen, it is named first and rank 2 is its victim.
+    states[1] = rank(1, 3, status="crashed", exit_reason="signal 11 (SIGSEGV)", time=NOW - 0.5)
+    f = only(diagnose(snap(states), {r: samples() for r in range(3)}, NOW, DiagnosisConfig()), "rank_lost")
+    assert f.ranks[0] == 1 and f.certain and 2 in f.victims, f

@@ -120,6 +120,17 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                         "one DDPTOP_TOKEN)")
         return Finding(kind="rank_lost", severity="critical", ranks=unseen, title=title, evidence=evidence,
                        remedy="read the record of the node that ran those ranks", step=step, since=t0)
+    if running and all(PEER_GONE.search(s.exit_reason) for s in order):
+        # Every failure seen failed because a peer was gone, while ranks still run here: the peer
+        # that went is among them, its own end not seen yet (seen a moment later, on a loaded
+        # machine). Naming a victim as the cause meanwhile would be wrong: nobody is named.
+        victims = [s.rank for s in order]
+        return Finding(kind="rank_lost", severity="critical", ranks=[], victims=victims, certain=False,
+                       title=(f"{ranks_text(victims)} failed because a peer was gone; "
+                              f"{ranks_text(running)} still seen running: which one went is not seen yet"),
+                       evidence=[*evidence, "the next look (its exit status, its last words) tells which"],
+                       remedy="look again in a few seconds; `ddptop jobs` shows how each rank ended",
+                       step=step, since=t0)
     hosts = {s.host for s in snapshot.ranks if s.host}
     where = f" on {first.host}" if len(hosts) > 1 and first.host else ""
     alike = _alike(first)
