@@ -184,14 +184,19 @@ def test_launch_makes_the_token_before_the_ranks_and_removes_it_after(job_runner
 def test_a_viewers_job_tokens_read_a_found_file_once_and_look_again_for_a_missing_one(
         runtime_dir: Path) -> None:
     """A viewer of thousands of node agents reads the job's token file once, not per handshake;
-    a job that had no file when the viewer first looked is looked for again (a job that starts
-    after its viewer makes its token then)."""
-    from ddptop.client.handshake import JobTokens
+    a job that had no file when the viewer last looked is looked for again once a second has
+    passed (a job that starts after its viewer makes its token then), not at every handshake."""
+    from ddptop.client.handshake import MISSING_RECHECK_S, JobTokens
 
-    tokens = JobTokens("from-env")
+    now = [100.0]
+    tokens = JobTokens("from-env", clock=lambda: now[0])
     assert tokens.for_job("late") == ("from-env", False)  # no file yet: the environment's
     made = job_token.ensure("late")
-    assert tokens.for_job("late") == (made, True)  # looked for again, and found
+    now[0] += MISSING_RECHECK_S / 2
+    assert tokens.for_job("late") == ("from-env", False)  # the same attach: not looked for again
+    now[0] += MISSING_RECHECK_S / 2
+    assert tokens.for_job("late") == (made, True)  # a second later: looked for again, and found
     job_token.path_for("late").unlink()
+    now[0] += 10 * MISSING_RECHECK_S
     assert tokens.for_job("late") == (made, True)  # kept: the file is not read at each handshake
     assert JobTokens(None).for_job("late") == (None, False)  # a new viewer reads the file anew
