@@ -18,6 +18,8 @@ import math
 import os
 import sys
 
+from msgspec.structs import replace
+
 from ddptop import protocol as proto
 from ddptop._version import __version__
 from ddptop.protocol import RankState, Sample, StuckReport
@@ -112,6 +114,13 @@ class FakeRanks:
         self._wait = [0.02 + 0.08 * _noise(seed, r, 0, 3) for r in range(n_ranks)]
         self._fingerprint = proto.ParamFingerprint(count=161, numel=25_557_032, shapes_hash="5ynth371c0ffee",
                                              wrapper="DistributedDataParallel")
+        # What every rank's state has in common (state() sets the rest); never written to.
+        self._template = RankState(
+            rank=0, local_rank=0, world_size=n_ranks, host="", pid=self.pid, job_id=job_id, status="running",
+            time=t0,
+            start_time=t0, loader_workers=4, backend=self.backend, threads=26, load_avg=[7.9, 8.0, 8.1],
+            cpu_count=64, mem_available_bytes=180 * GIB, shm_used_bytes=256 << 20, shm_total_bytes=32 * GIB,
+            versions=self._versions, param_fingerprint=self._fingerprint)
 
     def node_of(self, rank: int) -> int:
         """The node (host) *rank* runs on."""
@@ -208,20 +217,19 @@ class FakeRanks:
                           compute_capability="9.0", driver="550.54", util_percent=s.gpu_util_percent,
                           mem_used_bytes=61 * GIB + rank % 8 * 10_000_000, mem_total_bytes=80 * GIB,
                           temperature_c=60.0 + round(10 * _noise(self.seed, rank, tick, 8)), power_w=500.0)
-        return RankState(
-            rank=rank, local_rank=rank % 8, world_size=self.n, host=self.host(rank), pid=self.pid,
-            job_id=self.job_id, status="running", time=s.time, start_time=self.t0, step=s.step,
+        # The template's fields that stay, the rank's and the tick's over them: a copy with 20
+        # fields set costs a third of a RankState built from its 45 (8 us a state at 32,768
+        # ranks, every second, while a viewer follows the job).
+        return replace(
+            self._template, rank=rank, local_rank=rank % 8, host=self.host(rank), time=s.time, step=s.step,
             step_time_s=s.step_time_s, last_step_at=step_at, epoch=s.epoch, batch=s.batch,
             batches_per_epoch=self.bpe(rank), data_wait_fraction=s.data_wait_fraction,
-            loader_ready_batches=s.loader_ready_batches, loader_workers=4, last_batch_at=step_at,
-            backend=self.backend,
+            loader_ready_batches=s.loader_ready_batches, last_batch_at=step_at,
             collectives=[proto.CollectiveGroup(pg="0", seq=s.seq, desc="default_pg", size=self.n,
                                                backend=self.backend, timeout_s=self.timeout_s,
                                                pending=self.pending(rank, s.time, s.seq),
-                                         seq_changed_at=seq_at)],
-            cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, threads=26, load_avg=[7.9, 8.0, 8.1],
-            cpu_count=64, mem_available_bytes=180 * GIB, shm_used_bytes=256 << 20, shm_total_bytes=32 * GIB,
-            gpu=gpu, versions=self._versions, param_fingerprint=self._fingerprint,
+                                               seq_changed_at=seq_at)],
+            cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, gpu=gpu,
             env={"RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(rank % 8),
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "DDPTOP_SYNTHETIC": "1"},
             reporter=proto.ReporterStats(samples=tick + 1, clients=clients, sample_cost_s=0.0004),
