@@ -12,7 +12,7 @@ runs in a SUBPROCESS, so its CPU is not counted here. Then:
   it spent in ``JobModel.apply`` (``time.thread_time`` around each call).
 * redraw (if ``ddptop.tui.app`` exists): the real ``DdptopApp`` headless
   (``run_test(size=(200, 60))``) with a LiveSource injected, redrawn at the timer's cadence
-  (one ``redraw_interval`` of live events between redraws, the diagnosis running in its
+  (one ``redraw_period()`` of live events between redraws, the diagnosis running in its
   background thread as usual). ``update`` = the app's own ``redraw()`` (rows, findings,
   header); ``paint`` = ``render_line`` of every visible line of the rank table from an empty
   cache, its group rows summed again (a group of 32,768 ranks is summed when painted);
@@ -178,8 +178,8 @@ async def _tui(job_id: str, n: int, presses: int, digest: bool = False,
         ui_cpu, ui_wall = time.thread_time(), time.monotonic()  # the UI thread's work, all of it
         for _ in range(9):
             # One redraw interval of live events arrives first, as between two timer redraws
-            # (at 1 Hz samples and 4 redraws/s, a quarter of the ranks changed).
-            await pilot.pause(app.redraw_interval)
+            # (at 1 Hz samples and 2 redraws/s at 32,768 ranks, half of the ranks changed).
+            await pilot.pause(app.redraw_period())
             began = time.perf_counter()
             app.redraw()
             drawn = time.perf_counter()

@@ -203,3 +203,18 @@ def test_a_model_that_was_read_is_freed_without_the_cyclic_collector() -> None:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_a_shared_copy_has_new_views_with_every_field_and_the_same_history() -> None:
+    """The background diagnosis's copy: each view a new object with every field of the model's,
+    the history deque itself shared; changing a copied view leaves the model's as it was."""
+    model = JobModel("si", 2)
+    model.apply(StateMsg(state=_state(1, 1.0, "running", "")))
+    model.apply(RankExit(time=2.0, rank=0, pid=100, exit_code=0))
+    copy = model.shared_copy()
+    assert copy.ranks.keys() == model.ranks.keys()
+    for rank, view in model.ranks.items():
+        copied = copy.ranks[rank]
+        assert copied is not view and copied == view and copied.history is view.history
+    copy.ranks[1].connection = "lost"
+    assert model.ranks[1].connection != "lost"

@@ -194,6 +194,11 @@ class JobModel:
         """
         return self._statuses().statuses(now)
 
+    def stale_by_clock(self) -> list[int]:
+        """The ranks the last :meth:`statuses` call called stale by the clock alone: the only
+        ranks whose status there differs from :meth:`status_words`."""
+        return self._statuses().stale_by_clock
+
     def status_words(self) -> dict[int, str]:
         """Every rank's word but for the clock (a rank heard just now: its word at any moment
         soon), caught up with the ranks that changed; read it, never change it."""
@@ -287,10 +292,7 @@ class JobModel:
         """A copy whose views are new but share their history deques with this model's (the
         dashboard's background diagnosis: copying 4096 windows of samples cost the UI thread
         20-40 ms; its readers take a deque only through C-level calls, see recent_samples)."""
-        ranks = {r: RankView(v.rank, v.base, v.pulse, v.received_at, v.connection, v.connection_reason,
-                             v.history, v.stacks, v.fr_trace, v.exit, v.lost_at, v.unreachable_since,
-                             v.stuck, v.version)
-                 for r, v in self.ranks.items()}
+        ranks = {r: _view_copy(v) for r, v in self.ranks.items()}
         return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                         first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
 
@@ -302,6 +304,14 @@ class JobModel:
     def histories(self) -> dict[int, list[Sample]]:
         """Every rank's samples, oldest first."""
         return {r: list(v.history) for r, v in sorted(self.ranks.items())}
+
+
+def _view_copy(view: RankView) -> RankView:
+    # Every field as it is (a shallow copy): its attribute dict copied whole, at 0.4 us a view
+    # against 0.95 us through the constructor (32,768 views on the UI thread every few seconds).
+    copied = object.__new__(RankView)
+    copied.__dict__ = view.__dict__.copy()
+    return copied
 
 
 def is_stub(state: RankState) -> bool:

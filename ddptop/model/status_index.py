@@ -53,6 +53,9 @@ class StatusIndex:
         self._first: Ending | None = None
         # ranks whose word turns stale with time alone: received_at and its bucket
         self._received: dict[int, float] = {}
+        # The ranks the last statuses() call found stale by the clock alone (their word is
+        # another): the only ranks whose status there differs from words().
+        self.stale_by_clock: list[int] = []
         self._buckets: dict[int, set[int]] = {}
         self._keys: list[int] = []  # bucket keys, sorted
         self._dirty.update(model.ranks)
@@ -63,16 +66,19 @@ class StatusIndex:
         out = dict(self._base)
         limit = self.stale_after_s
         buckets = self._buckets
+        stale: list[int] = []
         for key in self._keys:
             # A bucket holds receipts in [key, key + 1): float subtraction is monotonic, so
             # a bucket is wholly stale, or wholly fresh, from its bounds alone.
             if now - (key + 1) > limit:
-                out.update(dict.fromkeys(buckets[key], _STALE))
+                stale.extend(buckets[key])
             elif now - key > limit:
                 received = self._received
-                out.update({r: _STALE for r in buckets[key] if now - received[r] > limit})
+                stale.extend(r for r in buckets[key] if now - received[r] > limit)
             else:
                 break
+        out.update(dict.fromkeys(stale, _STALE))
+        self.stale_by_clock = stale
         return out
 
     def words(self) -> dict[int, str]:

@@ -3,8 +3,8 @@
 Live mode: the source emits events on its own thread into an :class:`EventBuffer`; the
 first event of a batch posts :class:`EventsReady` (``can_replace``, so wake-ups never
 queue up); the UI thread folds the batch into a :class:`JobModel` and a timer redraws at
-most every ``redraw_interval`` seconds, and only when something changed (or once a
-second, so "stale" and uptimes move on a quiet job).
+most every ``redraw_interval`` seconds (every half second from 16,384 ranks on), and only
+when something changed (or once a second, so "stale" and uptimes move on a quiet job).
 
 Replay mode (the source has ``model_at``): nothing is folded; the timeline's position
 picks ``source.model_at(t)`` and every panel shows that moment, with *t* as "now".
@@ -46,6 +46,11 @@ from ddptop.tui.widgets.timeline import Timeline
 log = logging.getLogger(__name__)
 
 QUIET_REDRAW_S = 1.0  # redraw at least this often: statuses turn "stale" with time alone
+# From this many ranks on, a changed job is redrawn every SLOW_REDRAW_S, not every redraw
+# interval: a redraw of 32,768 ranks costs 15-30 ms of the one core a busy node leaves the
+# viewer, and each rank's values change once a second (its sample interval) all the same.
+SLOW_REDRAW_FROM_RANKS = 16_384
+SLOW_REDRAW_S = 0.5
 # From this many ranks on, the diagnosis runs on a worker thread so keys stay responsive;
 # below it, it costs a few ms and runs inline (deterministic for tests and replay).
 BACKGROUND_FINDINGS_RANKS = 256
@@ -201,8 +206,19 @@ class DdptopApp(TableActions, ReplayActions):
         if self.paused or not self.is_running or not all(self.query(kind) for kind in drawn):
             return
         wall = time.monotonic()
-        if self._dirty or wall - self._last_redraw >= QUIET_REDRAW_S:
+        since = wall - self._last_redraw
+        # Half a timer period of slack: the timer's ticks come one interval apart, and the
+        # last redraw ended a little after its tick.
+        if (self._dirty and since >= self.redraw_period() - self.redraw_interval / 2) \
+                or since >= QUIET_REDRAW_S:
             self.redraw()
+
+    def redraw_period(self) -> float:
+        """Seconds between two redraws of a changing job: the redraw interval, or
+        :data:`SLOW_REDRAW_S` from :data:`SLOW_REDRAW_FROM_RANKS` ranks on."""
+        ranks = max(len(self.model.ranks), self.model.world_size)
+        return max(self.redraw_interval, SLOW_REDRAW_S) if ranks >= SLOW_REDRAW_FROM_RANKS \
+            else self.redraw_interval
 
     def redraw(self, fresh_findings: bool = False) -> None:
         """Rebuild rows and header from the model at :meth:`now`; findings at most once a second
