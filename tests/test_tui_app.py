@@ -19,7 +19,13 @@ from ddptop.bundle.replay_source import ReplaySource
 from ddptop.bundle.writer import BundleWriter
 from ddptop.client.collector import GC_THRESHOLD_0
 from ddptop.model.job import JobModel
-from ddptop.tui.app import BACKGROUND_FINDINGS_RANKS, UI_SWITCH_INTERVAL_S, DdptopApp
+from ddptop.tui.app import (
+    BACKGROUND_FINDINGS_RANKS,
+    SLOW_REDRAW_FROM_RANKS,
+    SLOW_REDRAW_S,
+    UI_SWITCH_INTERVAL_S,
+    DdptopApp,
+)
 from ddptop.tui.event_buffer import MAX_PENDING
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.stacks import StacksScreen
@@ -337,3 +343,17 @@ def test_a_message_behind_a_backlog_is_handled_after_a_slice_of_it_and_nothing_i
             await until(pilot, lambda: [r.step for r in app.query_one(RankTable).shown_rows] == [1399] * 4)
 
     asyncio.run(go())
+
+
+def test_a_job_of_tens_of_thousands_of_ranks_is_redrawn_every_half_second() -> None:
+    """From SLOW_REDRAW_FROM_RANKS ranks on (known or announced by world_size) a changed job is
+    redrawn every SLOW_REDRAW_S, not every redraw interval; a smaller one as often as asked."""
+    app = DdptopApp(FakeSource([]), redraw_interval=0.25)
+    assert app.redraw_period() == 0.25
+    app.model.world_size = SLOW_REDRAW_FROM_RANKS - 1
+    assert app.redraw_period() == 0.25
+    app.model.world_size = SLOW_REDRAW_FROM_RANKS
+    assert app.redraw_period() == SLOW_REDRAW_S == 0.5
+    slow = DdptopApp(FakeSource([]), redraw_interval=2.0)
+    slow.model.world_size = SLOW_REDRAW_FROM_RANKS
+    assert slow.redraw_period() == 2.0  # never more often than asked
