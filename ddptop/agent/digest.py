@@ -76,7 +76,9 @@ class DigestBuilder:
         is), False when a pulse (and maybe a detail) of the next digest carries it."""
         if isinstance(event, RecordEntry) and isinstance(event.message, StateMsg):
             state = event.message.state
-            known = self._ranks.setdefault(event.rank, _Rank())
+            known = self._ranks.get(event.rank)
+            if known is None:  # not setdefault: that builds a _Rank at every state
+                known = self._ranks[event.rank] = _Rank()
             if state.status in FINAL:  # last words go whole, at once: the viewers' copy is this
                 self._note(known, event.time, state, detail_key(state))
                 return True

@@ -90,6 +90,7 @@ class FakeAgents:
         if not server.subscribers and lane is None:
             return  # nobody listening: build nothing (most of 4,096 agents, most ticks)
         now = time.time()
+        subscribed = server.subscribers > 0  # once a node: a count over its viewers
         for rank in self.fake.node_ranks(node):
             if rank in self._gone:
                 continue
@@ -97,8 +98,11 @@ class FakeAgents:
                 state = self.fake.state(rank, tick, clients=1)
                 entry = RecordEntry(time=now, rank=rank, message=proto.StateMsg(state=state))
                 # The lane takes a running state into its next digest; what it returns True
-                # for (a final state) goes to digest viewers at once, as to subscribers.
-                server.broadcast(entry, digest=lane.add(entry) if lane is not None else False)
+                # for (a final state) goes to digest viewers at once, as to subscribers. With
+                # neither, nobody is sent it (what broadcast finds out at 1 us a rank).
+                whole = lane.add(entry) if lane is not None else False
+                if subscribed or whole:
+                    server.broadcast(entry, digest=whole)
             elif rank not in self._stuck_sent and (report := self.fake.stuck_report(rank, now)) is not None:
                 # What a real agent does once a rank is silent (agent/stuck.py): read it from
                 # outside and tell its viewers where it is stuck, as stacks.
