@@ -313,8 +313,12 @@ class _ProbedApp(DdptopApp):
     CSS_PATH = str(Path(sys.modules[DdptopApp.__module__].__file__ or "").parent / DdptopApp.CSS_PATH)
     folded_at_probe: int | None = None
 
+    unabsorbed_at_probe: int | None = None
+
     def on__probe(self, _message: _Probe) -> None:
         self.folded_at_probe = sum(v.base.step for v in self.model.ranks.values() if v.base is not None)
+        if self._index is not None:
+            self.unabsorbed_at_probe = len(self._index._dirty)
 
 
 def test_a_message_behind_a_backlog_is_handled_after_a_slice_of_it_and_nothing_is_lost(
@@ -341,6 +345,35 @@ def test_a_message_behind_a_backlog_is_handled_after_a_slice_of_it_and_nothing_i
             assert app.folded_at_probe is not None and app.folded_at_probe < done  # not after the whole
             # In order: each rank's newest state last, as the table shows at its next redraw.
             await until(pilot, lambda: [r.step for r in app.query_one(RankTable).shown_rows] == [1399] * 4)
+
+    asyncio.run(go())
+
+
+def test_a_message_behind_a_slice_goes_before_the_row_index_absorbs_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the row index (big jobs: here from 2 ranks on), a slice of folding is followed by
+    the index's absorb as a message of its own, queued behind what came meanwhile: a key
+    pressed during a slice waits for the folding only. Nothing is left unabsorbed after."""
+    import ddptop.tui.app as app_module
+
+    monkeypatch.setattr(app_module, "FOLD_SLICE_S", 0.0)  # a slice of 16 events, whatever the machine
+    monkeypatch.setattr(app_module, "GROUP_FROM_RANKS", 2)
+
+    async def go() -> None:
+        source = mismatch_job()
+        app = _ProbedApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app._index is not None and len(app.model.ranks) == 4)
+            assert source.emit is not None and app._index is not None
+            backlog = entries([state(r, step=1000 + i) for i in range(400) for r in range(4)])
+            for event in backlog:  # from the UI thread, without yielding: a backlog
+                source.emit(event)
+            app.post_message(_Probe())
+            done = 4 * 1399
+            await until(pilot, lambda: sum(v.base.step for v in app.model.ranks.values() if v.base) == done
+                        and not app._index._dirty)
+            assert app.folded_at_probe is not None and app.folded_at_probe < done  # after one slice
+            assert app.unabsorbed_at_probe  # before that slice's absorb
 
     asyncio.run(go())
 
