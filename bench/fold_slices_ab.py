@@ -1,11 +1,17 @@
-"""A/B: the dashboard folding waiting events in slices (``FOLD_SLICE_S``) or whole, one run.
+"""A/B of the dashboard's folding and redrawing at scale, one run.
 
-Run: ``.venv/bin/python bench/fold_slices_ab.py [--ranks 32768] [--turns 6] [--idle]``.
+Run: ``.venv/bin/python bench/fold_slices_ab.py [--what slices|period|absorb] [--ranks 32768]
+[--turns 6] [--idle]``.
 
 One synthetic job through the node agents' digest lane; the real app headless, measured by
 ``bench/tui_scale.py``'s own ``_tui`` (redraw cycle, key p95, sort and move keys, UI CPU),
-turns alternating A (slices of 8 ms) and B (one fold per wake-up), on a busy node unless
-``--idle`` (``bench/busy_node.py``). Prints each turn and the medians of each side.
+turns alternating A (today's) and B, on a busy node unless ``--idle``
+(``bench/busy_node.py``). Prints each turn and the medians of each side. B is:
+
+* ``slices``: one fold per wake-up instead of slices of ``FOLD_SLICE_S``;
+* ``period``: a redraw every ``redraw_interval`` at any size (no ``SLOW_REDRAW_S``);
+* ``absorb``: the row index's absorb at the end of each slice, in the same message (as before
+  ``AbsorbReady``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -26,35 +33,67 @@ from busy_node import node
 
 import ddptop.tui.app as app_module
 from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
+from ddptop.tui.app import DdptopApp, EventsReady
 
 SHOWN = ("cycle_ms", "key_p95_ms", "sort_key_median_ms", "move_key_median_ms", "ui_ms_per_s")
+
+
+def absorb_in_slice(self: DdptopApp, _message: EventsReady) -> None:
+    """``on_events_ready`` as it was before ``AbsorbReady``: the absorb ends the slice."""
+    events = self._buffer.drain()
+    with self.source.foreground.busy():
+        began = time.perf_counter()
+        for i, event in enumerate(events):
+            self.model.apply(event)
+            if i & 15 == 15 and time.perf_counter() - began > app_module.FOLD_SLICE_S and i + 1 < len(events):
+                self._buffer.put_back(events[i + 1:])
+                self.post_message(EventsReady())
+                break
+        if self._index is not None and self._index.model is self.model:
+            self._index.absorb()
+    self._dirty = self._dirty or bool(events)
+
+
+def set_way(what: str, today: bool) -> None:
+    """The app as A (*today*) or B of *what*."""
+    app_module.FOLD_SLICE_S = SLICE_S if today or what != "slices" else float("inf")
+    app_module.SLOW_REDRAW_FROM_RANKS = SLOW_FROM if today or what != "period" else 1 << 62
+    DdptopApp.on_events_ready = (  # type: ignore[method-assign]
+        ON_EVENTS if today or what != "absorb" else absorb_in_slice)
+
+
+SLICE_S, SLOW_FROM = app_module.FOLD_SLICE_S, app_module.SLOW_REDRAW_FROM_RANKS
+ON_EVENTS = DdptopApp.on_events_ready
 
 
 def main() -> int:
     """Alternate the two ways on one generator; print the turns and the medians."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--what", choices=("slices", "period", "absorb"), default="slices")
     parser.add_argument("--ranks", type=int, default=32768)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--idle", action="store_true", help="an idle node instead of a busy one")
     args = parser.parse_args()
-    n, sliced = args.ranks, app_module.FOLD_SLICE_S
+    n = args.ranks
     rt = Path(tempfile.mkdtemp(prefix="ddptop-ab-"))
     os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
     ensure_fd_limit(n // 8 + 512)
     gen = run_in_subprocess(n, f"ab{n}", "healthy", 1.0, rt, ready_timeout=600,
                             extra_args=tui_scale.generator_args(n, ["digest"]) or ())
-    results: dict[str, list[dict[str, float]]] = {"slices": [], "whole": []}
+    names = {"slices": ("slices", "whole"), "period": ("period", "every"), "absorb": ("message", "inline")}
+    a, b = names[args.what]
+    results: dict[str, list[dict[str, float]]] = {a: [], b: []}
     try:
         for turn in range(args.turns):
-            way = "slices" if turn % 2 == 0 else "whole"
-            app_module.FOLD_SLICE_S = sliced if way == "slices" else float("inf")
+            way = a if turn % 2 == 0 else b
+            set_way(args.what, way == a)
             with node("idle" if args.idle else "busy", gen.pid):
                 got = asyncio.run(tui_scale._tui(f"ab{n}", n, 40, digest=True))
             results[way].append(got)
             print(f"{way:>6} " + " ".join(f"{k} {got[k]:.1f}" for k in SHOWN), flush=True)
     finally:
         gen.stop()
-        app_module.FOLD_SLICE_S = sliced
+        set_way(args.what, True)
     for way, runs in results.items():
         if runs:
             print(f"median {way:>6} " + " ".join(f"{k} {statistics.median(r[k] for r in runs):.1f}"
