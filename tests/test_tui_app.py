@@ -390,3 +390,22 @@ def test_a_job_of_tens_of_thousands_of_ranks_is_redrawn_every_half_second() -> N
     slow = DdptopApp(FakeSource([]), redraw_interval=2.0)
     slow.model.world_size = SLOW_REDRAW_FROM_RANKS
     assert slow.redraw_period() == 2.0  # never more often than asked
+    assert slow.quiet_toasts() and not DdptopApp(FakeSource([])).quiet_toasts()  # sort keys: no toast
+
+
+def test_a_sort_key_toasts_in_a_small_job_and_the_title_marks_the_column() -> None:
+    """Below SLOW_REDRAW_FROM_RANKS ranks a sort key confirms itself with a toast; the sorted
+    column's title carries ▲ (▼ descending) at any size."""
+
+    async def go() -> None:
+        app = DdptopApp(mismatch_job(), clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
+            await pilot.press("greater_than_sign")
+            table = app.query_one(RankTable)
+            assert table.sort_key != "rank"
+            await until(pilot, lambda: any(f"sorted by {table.sort_key}" in str(n.message)
+                                           for n in app._notifications))
+            assert "▲" in table.render_line(0).text
+
+    asyncio.run(go())

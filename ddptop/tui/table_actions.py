@@ -67,14 +67,20 @@ class TableActions(App[int]):
 
         self.push_screen(FilterPrompt(table.filter_query), apply)
 
+    def quiet_toasts(self) -> bool:
+        """Whether a key's confirmation toast is left out (the app says: a big job)."""
+        return False
+
     def action_sort(self, delta: int) -> None:
-        """Sort by the previous/next column."""
+        """Sort by the previous/next column (its title shows ▲ or ▼)."""
         with self.source.foreground.busy():  # a sort of 32,768 ranks: tens of ms
             key = self.query_one(RankTable).cycle_sort(delta)
-        self.notify(f"sorted by {key}", timeout=2)
+        if not self.quiet_toasts():
+            self.notify(f"sorted by {key}", timeout=2)
 
     def action_toggle_order(self) -> None:
         """Reverse the sort order."""
         with self.source.foreground.busy():
             desc = self.query_one(RankTable).toggle_order()
-        self.notify("descending" if desc else "ascending", timeout=2)
+        if not self.quiet_toasts():
+            self.notify("descending" if desc else "ascending", timeout=2)
