@@ -55,8 +55,8 @@ class JobTokens:
             looked = self._missing.get(job_id)
             if looked is not None and now - looked < MISSING_RECHECK_S:
                 return self.fallback, False
-            own, is_own = job_token.for_viewer(job_id, None)
-            if own is None or not is_own:
+            own = job_token.read(job_id)
+            if not own:
                 self._missing[job_id] = now
                 return self.fallback, False
             self._missing.pop(job_id, None)

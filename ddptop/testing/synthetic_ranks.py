@@ -65,24 +65,26 @@ _PIN = [("/usr/lib/python3.11/threading.py", 1002, "_bootstrap"),
         ("/usr/lib/python3.11/queue.py", 180, "get")]
 
 
-def _noise(seed: int, rank: int, tick: int, salt: int) -> float:
-    """Deterministic uniform [0, 1) from its arguments, no state: the hash of the tuple (pure for
-    ints, whatever PYTHONHASHSEED says) and one multiply-xorshift round, which takes out the
-    tuple hash's correlation between neighbouring salts (0.15 -> under 0.01). Half the cost
-    of splitmix64 in Python (0.9 vs 2.0 us), and a 32,768-rank generator calls it 250,000
-    times a second."""
-    x = hash((seed, rank, tick, salt)) & _MASK
+def _mixed(key: tuple[int, ...]) -> int:
+    """64 well-mixed bits from *key*: its hash (pure for ints, whatever PYTHONHASHSEED says)
+    and one multiply-xorshift round, which takes out the tuple hash's correlation between
+    neighbouring values (0.15 -> under 0.01)."""
+    x = hash(key) & _MASK
     x = ((x ^ (x >> 32)) * 0xD6E8FEB86659FD93) & _MASK
-    return ((x ^ (x >> 32)) >> 11) / 9007199254740992.0  # 2 ** 53
+    return x ^ (x >> 32)
+
+
+def _noise(seed: int, rank: int, tick: int, salt: int) -> float:
+    """Deterministic uniform [0, 1) from its arguments, no state. Half the cost of splitmix64
+    in Python (0.9 vs 2.0 us), and a 32,768-rank generator calls it 250,000 times a second."""
+    return (_mixed((seed, rank, tick, salt)) >> 11) / 9007199254740992.0  # 2 ** 53
 
 
 def _draws(seed: int, rank: int, tick: int) -> tuple[float, float, float, float]:
-    """Four uniform [0, 1) draws of 16 bits for one rank and tick, from one hash as :func:`_noise`'s:
-    the four values a sample varies by (step time, data wait, loader queue, CPU), measured
+    """Four uniform [0, 1) draws of 16 bits for one rank and tick, from one :func:`_mixed`: the
+    four values a sample varies by (step time, data wait, loader queue, CPU), measured
     uncorrelated (|r| < 0.02 between them, across ticks and across ranks)."""
-    x = hash((seed, rank, tick)) & _MASK
-    x = ((x ^ (x >> 32)) * 0xD6E8FEB86659FD93) & _MASK
-    x ^= x >> 32
+    x = _mixed((seed, rank, tick))
     return ((x >> 48) / 65536.0, ((x >> 32) & 0xFFFF) / 65536.0, ((x >> 16) & 0xFFFF) / 65536.0,
             (x & 0xFFFF) / 65536.0)
 
@@ -117,10 +119,9 @@ class FakeRanks:
         # What every rank's state has in common (state() sets the rest); never written to.
         self._template = RankState(
             rank=0, local_rank=0, world_size=n_ranks, host="", pid=self.pid, job_id=job_id, status="running",
-            time=t0,
-            start_time=t0, loader_workers=4, backend=self.backend, threads=26, load_avg=[7.9, 8.0, 8.1],
-            cpu_count=64, mem_available_bytes=180 * GIB, shm_used_bytes=256 << 20, shm_total_bytes=32 * GIB,
-            versions=self._versions, param_fingerprint=self._fingerprint)
+            time=t0, start_time=t0, loader_workers=4, backend=self.backend, threads=26,
+            load_avg=[7.9, 8.0, 8.1], cpu_count=64, mem_available_bytes=180 * GIB, shm_used_bytes=256 << 20,
+            shm_total_bytes=32 * GIB, versions=self._versions, param_fingerprint=self._fingerprint)
 
     def node_of(self, rank: int) -> int:
         """The node (host) *rank* runs on."""

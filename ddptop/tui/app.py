@@ -77,8 +77,7 @@ class EventsReady(Message):
 class AbsorbReady(Message):
     """Ranks folded by a slice wait for the row index's absorb (one pending message is enough)."""
 
-    def can_replace(self, message: Message) -> bool:
-        """Any older AbsorbReady still queued says the same thing."""
+    def can_replace(self, message: Message) -> bool:  # any older one queued says the same
         return isinstance(message, AbsorbReady)
 
 
@@ -196,7 +195,7 @@ class DdptopApp(TableActions, ReplayActions):
                     self._buffer.put_back(events[i + 1:])
                     self.post_message(EventsReady())
                     break
-        if events and self._index is not None and self._index.model is self.model:
+        if events and self._model_index() is not None:
             # The per-rank part of the next redraw, as events come: a message of its own,
             # behind what came meanwhile, so that a key pressed during a slice waits for the
             # folding alone (the absorb after it costs about twice as much at 32,768 ranks).
@@ -205,9 +204,9 @@ class DdptopApp(TableActions, ReplayActions):
 
     def on_absorb_ready(self, _message: AbsorbReady) -> None:
         """The row index takes in the ranks folded since (the redraw takes in what is left)."""
-        if self._index is not None and self._index.model is self.model:
+        if (index := self._model_index()) is not None:
             with self.source.foreground.busy():
-                self._index.absorb()
+                index.absorb()
 
     def now(self) -> float:
         """The moment shown: the clock (live) or the timeline position (replay)."""
@@ -230,17 +229,22 @@ class DdptopApp(TableActions, ReplayActions):
                 or since >= QUIET_REDRAW_S:
             self.redraw()
 
+    def _job_size(self) -> int:  # ranks heard from, or announced by a world size: the more
+        return max(len(self.model.ranks), self.model.world_size)
+
+    def _model_index(self) -> RowIndex | None:  # the row index, if it follows the model shown
+        return self._index if self._index is not None and self._index.model is self.model else None
+
     def quiet_toasts(self) -> bool:
         """From SLOW_REDRAW_FROM_RANKS ranks on, a sort key shows no toast: the column title's
         ▲/▼ says the same, and a toast laid over the screen took a tenth of a sort key's time
         at 32,768 ranks on a busy node (key p95 129 against 147 ms, three turns each)."""
-        return max(len(self.model.ranks), self.model.world_size) >= SLOW_REDRAW_FROM_RANKS
+        return self._job_size() >= SLOW_REDRAW_FROM_RANKS
 
     def redraw_period(self) -> float:
         """Seconds between two redraws of a changing job: the redraw interval, or
         :data:`SLOW_REDRAW_S` from :data:`SLOW_REDRAW_FROM_RANKS` ranks on."""
-        ranks = max(len(self.model.ranks), self.model.world_size)
-        return max(self.redraw_interval, SLOW_REDRAW_S) if ranks >= SLOW_REDRAW_FROM_RANKS \
+        return max(self.redraw_interval, SLOW_REDRAW_S) if self._job_size() >= SLOW_REDRAW_FROM_RANKS \
             else self.redraw_interval
 
     def redraw(self, fresh_findings: bool = False) -> None:
@@ -253,8 +257,7 @@ class DdptopApp(TableActions, ReplayActions):
         now = self.now()
         wall = time.monotonic()
         table = self.query_one(RankTable)
-        big = max(len(self.model.ranks), self.model.world_size) > GROUP_FROM_RANKS
-        if big or (self._index is not None and self._index.model is self.model):
+        if self._job_size() > GROUP_FROM_RANKS or self._model_index() is not None:
             if self._index is None or self._index.model is not self.model:
                 self._index = _index_like(self.model, self._index)
             table.set_sequence(self._index.refresh(now), self._index.every_row)
