@@ -31,7 +31,8 @@ open-files hard limit (about 9,000 ranks here: ``fds_needed``), the generator ru
 (``bench/busy_node.py``: this viewer pinned to one core, the generator and a nice-19 CPU
 burner on the other, so that core is fully busy while the generator keeps its pace),
 alternating which goes first; the table prints both, with the generator's and the burner's
-CPU (percent of a core) and the events per second the viewer received.
+CPU (percent of a core) and the events per second the viewer received (on the digest lane,
+the ranks' states that reached it: each pulse, and the samples it carried from before it).
 
 Timings on a shared 2-core machine are noisy; run it alone for numbers you quote.
 """
@@ -93,7 +94,9 @@ def measure_ingest(job_id: str, n: int, window: float, digest: bool = False,
         with lock:
             model.apply(batch)
         counters["apply_s"] += time.thread_time() - began
-        counters["events"] += len(batch.pulses)
+        # States received: each pulse is its rank's newest, and carries the samples before it
+        # (a digest of a job of 16,384 ranks or more spans two samples: agent/digest.py).
+        counters["events"] += len(batch.pulses) + sum(len(p.earlier) for p in batch.pulses)
 
     source = LiveSource(resolve(job_id), digest=digest)
     collector = ViewerCollector(hold=not old_gc, freeze=not old_gc)

@@ -32,6 +32,7 @@ from msgspec.structs import replace
 from ddptop.protocol import (
     CollectiveGroup,
     GpuInfo,
+    HistoryMsg,
     LoaderInfo,
     PendingOp,
     Pulse,
@@ -244,6 +245,12 @@ class PulseBatch:
     pulses: list[Pulse]
 
     def entries(self) -> list[RecordEntry]:
-        """Each pulse as the whole state it stands for, as a subscriber's ``RecordEntry``."""
-        return [RecordEntry(time=t, rank=p.rank, message=StateMsg(state=merged(d, p)))
-                for t, d, p in zip(self.times, self.details, self.pulses, strict=True)]
+        """Each pulse as the whole state it stands for, as a subscriber's ``RecordEntry``; the
+        samples it carried from before it as a history of them, first."""
+        out: list[RecordEntry] = []
+        for t, d, p in zip(self.times, self.details, self.pulses, strict=True):
+            if p.earlier:
+                earlier = HistoryMsg(rank=p.rank, samples=p.earlier)
+                out.append(RecordEntry(time=t, rank=p.rank, message=earlier))
+            out.append(RecordEntry(time=t, rank=p.rank, message=StateMsg(state=merged(d, p))))
+        return out

@@ -259,6 +259,11 @@ class Pulse(msgspec.Struct, gc=False, array_like=True):
     enqueued: Annotated[list[tuple[int, float]], msgspec.Meta(max_length=MAX_ITEMS)] = []
     enqueue_kept: int = 0
     detail_no: int = 0  # which detail of this rank the pulse applies to (a gap: ask "state")
+    # The rank's samples heard since the last digest before this one's own, oldest first: a
+    # digest carries one pulse per rank and detail, and the samples between as history points
+    # only (added after version 1's first agents: an older viewer ignores them, an older agent
+    # sends none).
+    earlier: Annotated[list[Sample], msgspec.Meta(max_length=MAX_ITEMS)] = []
 
 
 class NodeSummary(msgspec.Struct, gc=False, kw_only=True):

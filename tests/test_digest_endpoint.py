@@ -16,7 +16,7 @@ from typing import Any, Union, get_args
 import msgspec
 import pytest
 
-from ddptop.agent.digest import CATCHUP_SAMPLES, DigestBuilder
+from ddptop.agent.digest import CATCHUP_SAMPLES, MAX_EARLIER, WIDE_FROM_RANKS, WIDE_SPAN, DigestBuilder
 from ddptop.agent.endpoint import NodeEndpoint
 from ddptop.agent.serving import model_catch_up
 from ddptop.digest import merged
@@ -51,15 +51,16 @@ OLD_TYPES = tuple(t for t in get_args(Message) if t is not NodeDigest)
 OLD_DECODER: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(Union[OLD_TYPES])  # noqa: UP007
 
 
-def state(rank: int, t: float, step: int, waiting: bool = False) -> RankState:
-    pending = [PendingOp(seq=8, op="nccl:all_reduce", started_at=t - 3, age_s=3.0)] if waiting else []
+def state(rank: int, t: float, step: int, waiting: bool = False, since: float | None = None) -> RankState:
+    began = t - 3 if since is None else since
+    pending = [PendingOp(seq=8, op="nccl:all_reduce", started_at=began, age_s=t - began)] if waiting else []
     group = CollectiveGroup(pg="0", seq=7 + step, pending=pending, enqueue_times=[(8 * step, t)])
     return RankState(rank=rank, local_rank=rank, world_size=4, host="node-a", pid=1000 + rank, job_id=JOB,
                      time=t, step=step, status=Status.RUNNING, collectives=[group])
 
 
-def entry(rank: int, t: float, step: int, waiting: bool = False) -> RecordEntry:
-    return RecordEntry(time=t, rank=rank, message=StateMsg(state=state(rank, t, step, waiting)))
+def entry(rank: int, t: float, step: int, waiting: bool = False, since: float | None = None) -> RecordEntry:
+    return RecordEntry(time=t, rank=rank, message=StateMsg(state=state(rank, t, step, waiting, since)))
 
 
 def ring(rank: int, t: float, n: int) -> list[Sample]:
@@ -78,6 +79,20 @@ def catch_up() -> list[Event]:
 @pytest.fixture
 def endpoint() -> Iterator[NodeEndpoint]:
     node = NodeEndpoint("127.0.0.1", 0, None, JOB, StandInAgent(catch_up), host="node-a",
+                        digest_s=TICK_S)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture
+def endpoint_wide() -> Iterator[NodeEndpoint]:
+    """The endpoint of a node of a job of WIDE_FROM_RANKS ranks (four of them here)."""
+    def wide_catch_up() -> list[Event]:
+        return [wide(e) if isinstance(e, RecordEntry) and isinstance(e.message, StateMsg) else e
+                for e in catch_up()]
+    node = NodeEndpoint("127.0.0.1", 0, None, JOB, StandInAgent(wide_catch_up), host="node-a",
                         digest_s=TICK_S)
     try:
         yield node
@@ -235,8 +250,11 @@ def test_the_builder_sends_a_detail_only_when_its_key_moves() -> None:
     for step in (2, 3):
         assert not builder.add(entry(0, t + step, step))
     first = builder.flush(t + 3.5)
-    assert first.details == [] and [p.sample.step for p in first.pulses] == [2, 3]
-    assert [round(p.heard_ago, 3) for p in first.pulses] == [1.5, 0.5]
+    # One pulse: the newest state's, with the sample before it and both steps' milestones
+    # (the rank keeps one, so the viewer's copy keeps the newest).
+    assert first.details == [] and [p.sample.step for p in first.pulses] == [3]
+    assert [s.step for s in first.pulses[0].earlier] == [2] and first.pulses[0].enqueued == [(24, t + 3)]
+    assert [round(p.heard_ago, 3) for p in first.pulses] == [0.5]
     assert not builder.add(entry(0, t + 4, 4, waiting=True))
     second = builder.flush(t + 9)
     assert [s.step for s in second.details] == [4] and second.detail_nos == [1]
@@ -246,3 +264,72 @@ def test_the_builder_sends_a_detail_only_when_its_key_moves() -> None:
     assert builder.add(final)  # last words: at once, whole
     assert builder.flush(t + 30).summary.silent == []  # ended, not silent
 
+
+
+def wide(e: RecordEntry, world_size: int = WIDE_FROM_RANKS) -> RecordEntry:
+    assert isinstance(e.message, StateMsg)
+    return msgspec.structs.replace(e, message=StateMsg(
+        state=msgspec.structs.replace(e.message.state, world_size=world_size)))
+
+
+def test_a_wide_jobs_digest_spans_two_intervals_one_pulse_a_rank_and_detail() -> None:
+    builder = DigestBuilder("node-a", silent_s=3.0)
+    t = 1000.0
+    short = DigestBuilder("node-a")
+    short.seed([wide(entry(0, t, 1), WIDE_FROM_RANKS - 1)])
+    assert short.span == 1  # one rank short of wide
+    builder.seed([wide(entry(r, t, 1)) for r in RANKS])
+    assert builder.span == WIDE_SPAN == 2
+    builder.add(wide(entry(0, t + 1, 2)))
+    for r in RANKS:
+        builder.add(wide(entry(r, t + 2, 3, waiting=r == 2, since=t + 1.5)))  # one op, waited for longer
+        builder.add(wide(entry(r, t + 3, 4, waiting=r == 2, since=t + 1.5)))
+    d = builder.flush(t + 3.5)
+    by_rank = {r: [p for p in d.pulses if p.rank == r] for r in RANKS}
+    # Rank 0: steps 2, 3 and 4 in one pulse; ranks 1 and 3: 3 and 4; rank 2 entered a
+    # collective at step 3: its step 2 lay on another detail (it has none here: seeded at 1).
+    assert [(p.sample.step, [s.step for s in p.earlier]) for p in by_rank[0]] == [(4, [2, 3])]
+    assert [(p.sample.step, [s.step for s in p.earlier]) for p in by_rank[1]] == [(4, [3])]
+    assert [(p.sample.step, [s.step for s in p.earlier], p.detail_no) for p in by_rank[2]] == [(4, [3], 1)]
+    assert [s.step for s in d.details] == [3] and d.detail_nos == [1]
+    # The pulses keep the order the ranks were first heard in, and the digest after starts afresh.
+    assert [p.rank for p in d.pulses] == [0, 1, 2, 3]
+    builder.add(wide(entry(1, t + 4, 5)))
+    assert [(p.rank, p.earlier) for p in builder.flush(t + 4.5).pulses] == [(1, [])]
+
+
+def test_a_stalled_lane_keeps_the_newest_samples_a_pulse_may_carry() -> None:
+    builder = DigestBuilder("node-a", silent_s=3.0)
+    t = 1000.0
+    builder.seed([entry(0, t, 1)])
+    for step in range(2, MAX_EARLIER + 10):
+        builder.add(entry(0, t + step / 100, step))
+    d = builder.flush(t + 1)
+    (pulse,) = d.pulses
+    assert len(pulse.earlier) == MAX_EARLIER and pulse.earlier[-1].step == pulse.sample.step - 1
+    # Within the protocol's bounds: a viewer decodes it.
+    assert msgspec.msgpack.decode(encode_frame(d)[LENGTH.size:], type=Message) == d
+
+
+def test_a_wide_job_gets_a_digest_every_two_intervals_and_every_sample(endpoint_wide: NodeEndpoint) -> None:
+    with Peer(endpoint_wide.port, "digest") as peer:
+        peer.caught_up(old=False)
+        t = time.time()
+        for step in range(2, 8):
+            for r in RANKS:
+                endpoint_wide.publish(wide(entry(r, t + step, step)))
+            if step % 2:  # some samples now and then, as ranks send them
+                seen = len(digests(peer.messages))
+                peer.until(lambda ms, seen=seen: len(digests(ms)) > seen, "a digest")
+        got = peer.until(lambda ms: all(
+            7 in {p.sample.step for d in digests(ms) for p in d.pulses if p.rank == r} for r in RANKS),
+            "every rank's last sample")
+        for r in RANKS:  # every sample once, in order, as a pulse or carried by one
+            steps = [s.step for d in digests(got) for p in d.pulses if p.rank == r
+                     for s in (*p.earlier, p.sample)]
+            assert steps == list(range(2, 8)), (r, steps)
+        got = digests(peer.until(lambda ms: len(digests(ms)) >= 6, "six digests"))
+        # Each digest is due two intervals after the one before, or at once when the loop fell
+        # further behind than that: from the first to the last, at least all but one spans
+        # went by, however late any came (one interval apart, 5 digests would take 1 s).
+        assert got[-1].time - got[0].time >= (len(got) - 2) * 2 * TICK_S - 0.01, [d.time for d in got]

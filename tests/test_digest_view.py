@@ -11,6 +11,7 @@ from ddptop import digest
 from ddptop.agent.digest import DigestBuilder
 from ddptop.client.digest_view import DigestView
 from ddptop.digest import PulseBatch
+from ddptop.model.job import JobModel
 from ddptop.protocol import (
     CollectiveGroup,
     Event,
@@ -19,6 +20,7 @@ from ddptop.protocol import (
     PendingOp,
     RankState,
     RecordEntry,
+    Sample,
     StateMsg,
 )
 from ddptop.wire import FrameBuffer, encode_frame, header_bytes
@@ -74,31 +76,46 @@ def states_of(events: list[Event | PulseBatch]) -> list[RankState]:
 
 
 def test_every_sample_comes_back_as_the_rank_sent_it() -> None:
-    builder, view = DigestBuilder("node-a"), DigestView()
+    """Two samples a digest: each rank's newest state comes back exact (as a pulse over its
+    detail), the one before it as a history point, and a rank whose detail changed in between
+    has a pulse for each detail, so no detail is skipped."""
+    builder, view, model = DigestBuilder("node-a"), DigestView(), JobModel()
     catch_up = [entry(state(r, 0)) for r in RANKS]
     builder.seed(list(catch_up))
     for e in catch_up:
         view.whole(e)
+        model.apply(e)
     sent: list[RankState] = []
     got: list[RankState] = []
-    details = 0
+    details = pulses = 0
     for tick in range(1, 11):
         for r in RANKS:
             s = state(r, tick)
             sent.append(s)
             assert builder.add(entry(s)) is False  # a running state: the lane carries it
-        if tick % 2 == 0:  # two samples per digest: pulses keep their own order and detail
+        if tick % 2 == 0:
             d = over_the_wire(builder.flush(NOW + tick + 0.25))
             details += len(d.details)
+            pulses += len(d.pulses)
             events, repair = view.expand(d, shift=0.0)
             assert repair == []
             got.extend(states_of(events))
-    assert len(got) == len(sent) and view.skipped == 0
-    by_key = {(s.rank, s.time): s for s in got}
-    for s in sent:
-        assert same(by_key[(s.rank, s.time)], s), (s.rank, s.time)
-    # Only rank 2 changed its detail (entered, then left the collective): 2 full states, not 40.
-    assert details == 2
+            for event in events:
+                model.apply(event)
+    assert view.skipped == 0
+    # What the pulses stand for: the newest state of each rank and detail, exact.
+    by_key = {(s.rank, s.time): s for s in sent}
+    for s in got:
+        assert same(s, by_key[(s.rank, s.time)]), (s.rank, s.time)
+    assert {(s.rank, s.time - NOW) for s in got if s.rank != 2} == \
+        {(r, t) for r in (0, 1, 3) for t in (2, 4, 6, 8, 10)}
+    # Rank 2 entered its collective at tick 5 and left at 8: ticks 7 and 8 lie on two details.
+    assert sorted(s.time - NOW for s in got if s.rank == 2) == [2, 4, 6, 7, 8, 10]
+    assert details == 2 and pulses == 4 * 5 + 1
+    # Every sample, none twice, in the order sent: the viewer's history is the rank's.
+    for r in RANKS:
+        want = [Sample.of(s, s.time) for s in [state(r, 0), *sent] if s.rank == r]
+        assert list(model.ranks[r].history) == want, r
 
 
 def test_a_lost_digest_is_repaired_with_fresh_states_never_guessed_over() -> None:
@@ -173,6 +190,16 @@ def test_a_digest_viewer_sees_what_a_subscribed_viewer_sees() -> None:
 
     node = NodeEndpoint("127.0.0.1", 0, None, "j", StandInAgent(catch_up), host="node-a",
                         digest_s=0.1)
+
+    def steps_at(feed: ModelFeed, step: int, timeout: float = 5.0) -> None:
+        """Wait (bounded) until every rank's state in *feed* is at *step*."""
+        deadline = clock.monotonic() + timeout
+        while clock.monotonic() < deadline:
+            model = feed.copy()
+            if all((v := model.ranks.get(r)) is not None and v.state is not None and v.state.step == step
+                   for r in RANKS):
+                return
+            clock.sleep(0.05)
     feeds = {"digest": ModelFeed("j", 4), "subscribe": ModelFeed("j", 4)}
     sources = []
     try:
@@ -193,19 +220,19 @@ def test_a_digest_viewer_sees_what_a_subscribed_viewer_sees() -> None:
                     current[r] = s
                 node.publish(entry(s))
             if tick % 3 == 0:  # let a digest or two go out between bursts, as samples do
-                feeds["digest"].wait_settled(RANKS, 5.0, states=1 + tick)
+                steps_at(feeds["digest"], 2 * tick)
 
-        def steps(feed: ModelFeed) -> list[int]:
-            return [st.step for st in (feed.copy().ranks[r].state for r in RANKS) if st is not None]
-        deadline = clock.monotonic() + 30
-        while clock.monotonic() < deadline and not all(steps(f) == [2 * last] * 4 for f in feeds.values()):
-            clock.sleep(0.05)
+        for feed in feeds.values():
+            steps_at(feed, 2 * last, timeout=30.0)
         models = {mode: feed.copy() for mode, feed in feeds.items()}
         for r in RANKS:
             a, b = models["digest"].ranks[r].state, models["subscribe"].ranks[r].state
             assert a is not None and b is not None and a.step == 2 * last and same(a, b), r
+            # Every sample, whether its pulse came or only the sample (two in one digest).
+            assert list(models["digest"].ranks[r].history) == list(models["subscribe"].ranks[r].history), r
+            assert len(models["digest"].ranks[r].history) == 1 + last
         assert sources[0]._agent_peers[0].digest is not None
-        assert sources[0]._agent_peers[0].digest.pulses >= 4 * last - 8
+        assert sources[0]._agent_peers[0].digest.pulses > 0
         assert sources[1]._agent_peers[0].digest is None
     finally:
         for source in sources:

@@ -161,7 +161,9 @@ class NodeEndpoint:
                 for respond, reply in replies:
                     respond(reply)
                 if time.monotonic() >= self._next_digest:
-                    self._next_digest = max(self._next_digest + self._digest_s, time.monotonic())
+                    # A wide job's digest spans more than one sample interval (agent/digest.py).
+                    span_s = self._digest_s * self._digest.span
+                    self._next_digest = max(self._next_digest + span_s, time.monotonic())
                     if self.server.digest_peers:
                         digest = self._digest.flush(self._agent.now(), self.dropped)
                         self.server.broadcast(digest, digest=True)

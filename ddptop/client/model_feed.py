@@ -63,8 +63,9 @@ class ModelFeed:
                 self.gone.add(event.rank)
 
     def pulses(self, batch: PulseBatch) -> None:
-        """Fold a digest's pulses (called on the source's thread): each is one state of its rank.
-        A consumer that keeps or tees events gets them as whole states."""
+        """Fold a digest's pulses (called on the source's thread): each is its rank's newest
+        state, and the samples it carries were states too. A consumer that keeps or tees events
+        gets them as whole states (and the samples before each as its history)."""
         if self._tee is not None or self._keep_events:
             for entry in batch.entries():
                 self.emit(entry)
@@ -72,6 +73,9 @@ class ModelFeed:
         with self.lock:
             self.model.apply(batch)
             self.states.update(p.rank for p in batch.pulses)
+            for p in batch.pulses:  # the samples a wide job's pulse carried: states sent too
+                if p.earlier:
+                    self.states[p.rank] += len(p.earlier)
 
     def settled(self, ranks: Iterable[int], states: int = 1, history: bool = False) -> int:
         """How many of *ranks* sent at least *states* states (and their history, if

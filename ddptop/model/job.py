@@ -169,6 +169,9 @@ class JobModel:
             if view.connection != LOST:
                 view.connection = CONNECTED
             history, sample = view.history, pulse.sample
+            for before in pulse.earlier:  # the samples a wide job's digest carried before it
+                if not history or history[-1].time < before.time:
+                    history.append(before)
             if not history or history[-1].time < sample.time:
                 history.append(sample)
             if t > latest:

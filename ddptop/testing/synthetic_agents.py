@@ -109,7 +109,9 @@ class FakeAgents:
                 self._stuck_sent.add(rank)
                 stacks = proto.StacksMsg.of_stuck(report)
                 server.broadcast(RecordEntry(time=report.time, rank=rank, message=stacks), digest=True)
-        if lane is not None:
+        if lane is not None and (tick + node) % lane.span == 0:
+            # A wide job's digest spans lane.span ticks, as a real agent's; nodes take turns,
+            # as real agents, started apart, do.
             server.broadcast(lane.flush(now), digest=True)
 
     def close(self) -> None:
