@@ -235,10 +235,10 @@ class PulseBatch:
     to a :class:`~ddptop.model.job.JobModel`, never on the wire and never recorded as is.
 
     The model keeps a rank's newest (detail, pulse) and merges them only when something reads
-    the state (:func:`merged` costs ~25 us; a 32,768-rank job sends 32,768 pulses a second and
-    the table shows fifty). ``times[i]`` is when pulse *i*'s state was heard, on the viewer's
-    clock. :meth:`entries` gives what a subscriber would have received, for consumers that
-    keep events (a recorder, a test)."""
+    the state (:func:`merged` costs ~25 us; a 32,768-rank job sends 16,384 pulses a second, each
+    rank's every two seconds, and the table shows fifty). ``times[i]`` is when pulse *i*'s
+    state was heard, on the viewer's clock. :meth:`entries` gives what a subscriber would have
+    received, for consumers that keep events (a recorder, a test)."""
 
     times: list[float]
     details: list[RankState]

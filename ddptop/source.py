@@ -58,10 +58,11 @@ class Foreground:
 
     Python runs one thread at a time. At 32,768 ranks a redraw (about 60 ms of work alone)
     took twice that while the source's thread decoded frames beside it, and a key waited for
-    both. The UI marks its redraws and key actions with :meth:`busy`; the source's thread
+    both. The UI marks its redraws and key actions with :meth:`busy` (and a key from its
+    arrival to its repaint with :meth:`hold`); the source's thread
     calls :meth:`give_way` before each read, and another thread (the background diagnosis)
-    gives way through a :meth:`waiter` of its own. Only the UI thread calls ``busy``
-    (re-entrant).
+    gives way through a :meth:`waiter` of its own. Only the UI thread calls ``busy`` and
+    ``hold`` (re-entrant).
     """
 
     def __init__(self, max_wait_s: float = GIVE_WAY_MAX_S) -> None:
@@ -97,6 +98,23 @@ class Foreground:
             self._depth -= 1
             if not self._depth:
                 self._free.set()
+
+    def hold(self) -> Callable[[], None]:
+        """The UI is busy from now until the returned release is called (once counts; later
+        calls do nothing): a key from its arrival until the screen shows what it did, through
+        Textual's steps between its handlers, which :meth:`busy` blocks do not cover."""
+        self._depth += 1
+        self._free.clear()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._depth -= 1
+                if not self._depth:
+                    self._free.set()
+        return release
 
     def give_way(self) -> None:
         """Called by a source's thread: wait while the UI is busy, at most *max_wait_s*."""

@@ -90,3 +90,26 @@ def test_another_thread_gives_way_with_its_own_pass_and_count() -> None:
         thread.join(10.0)  # the UI stays busy throughout: the diagnosis waits its own bound out
         assert not thread.is_alive()
     assert diagnosis.gave_way_s >= 0.4 and fg.gave_way_s == waited and not diagnosis.waiting
+
+
+def test_a_hold_lasts_until_its_release_which_counts_once() -> None:
+    """A key holds the UI from its arrival until its repaint (ddptop.tui.table_actions): the
+    source waits meanwhile; a second release (the repaint, then the bound's timer) is nothing,
+    and a hold nests with busy blocks either way round."""
+    fg = Foreground(max_wait_s=60.0)
+    release = fg.hold()
+    with fg.busy():
+        pass
+    assert fg.is_busy  # the busy block inside the hold ended: the hold goes on
+    thread = _give_way_in_a_thread(fg)
+    wait_until(lambda: fg.waiting, 10.0, "the source's thread waiting")
+    with fg.busy():
+        release()
+        release()  # the bound's timer after the repaint: counts nothing
+        assert fg.is_busy  # the busy block is still on
+    thread.join(10.0)
+    assert not thread.is_alive() and not fg.is_busy and 0.0 < fg.gave_way_s < 60.0
+    again = fg.hold()
+    assert fg.is_busy
+    again()
+    assert not fg.is_busy

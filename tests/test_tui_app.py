@@ -260,6 +260,30 @@ def test_the_background_diagnosis_waits_while_the_ui_is_busy() -> None:
     asyncio.run(go())
 
 
+def test_a_key_holds_the_ui_busy_from_its_arrival_until_its_repaint() -> None:
+    """A move key's action is not a busy block of its own, yet the threads that give way
+    (the source's, the background diagnosis) wait through it: the key holds the UI from its
+    arrival until the screen shows it, then lets go."""
+    async def go() -> None:
+        source = mismatch_job()
+        app = DdptopApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one(RankTable)
+            await until(pilot, lambda: len(table.shown_rows) == 4)
+            seen: list[bool] = []
+            move = table.action_cursor
+
+            def spied(delta: int) -> None:
+                seen.append(source.foreground.is_busy)
+                move(delta)
+            table.action_cursor = spied  # type: ignore[method-assign]
+            await pilot.press("down")
+            await until(pilot, lambda: not source.foreground.is_busy)
+            assert seen == [True] and table.cursor == 1
+
+    asyncio.run(go())
+
+
 def test_while_the_app_runs_a_waiting_thread_gets_the_interpreter_within_a_millisecond() -> None:
     """The UI thread waits for the interpreter at each await of a key's way through Textual
     while another thread works: 1 ms at most while the app runs, the interpreter's own after."""

@@ -19,7 +19,8 @@ budget for the whole job), not the rank's 600.
 The generator calls :meth:`FakeAgents.tick_node` once per node and tick: that is the one
 place where what an agent sends per interval is decided. Every agent also offers the digest
 lane (its Hello lists ``"digest"``): a viewer that asks gets the catch-up, then one
-:class:`~ddptop.protocol.NodeDigest` per node and tick, built by the real agent's
+:class:`~ddptop.protocol.NodeDigest` per node and tick (every ``span`` ticks for a job of
+16,384 ranks or more, nodes taking turns), built by the real agent's
 :class:`~ddptop.agent.digest.DigestBuilder` from the same states, so the two ways a viewer
 follows a node can be compared on one generator.
 """

@@ -1,0 +1,121 @@
+"""A/B of a key holding the UI busy until its repaint, keys at a person's pace, one run.
+
+Run: ``.venv/bin/python bench/key_hold_ab.py [--ranks 32768] [--turns 6] [--idle]``.
+
+One synthetic job through the node agents' digest lane; the real app headless, a new attach
+each turn, turns alternating A (today's: a key holds the UI busy from its arrival to its
+repaint, ``TableActions.on_event``) and B (only the key's action is a busy block, as before),
+on a busy node unless ``--idle`` (``bench/busy_node.py``). In each turn, over four of a big
+job's background diagnoses: keys pressed while one runs, and keys pressed between them (a
+sort key every fifth, as ``bench/tui_scale.py``), 50 ms apart, as a person presses them, not
+back to back: a key's time is from its posting until every message queued before it is
+handled and the screen repainted (``tui_scale._painted``). Prints each turn and, per side,
+the median and 90th percentile over all turns' keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(_ROOT), str(_ROOT / "bench")]
+
+import tui_scale
+from busy_node import node
+from textual import events
+from textual.app import App
+
+from ddptop.client.live import LiveSource
+from ddptop.client.targets import resolve
+from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.table_actions import TableActions
+
+HOLD = TableActions.on_event
+CYCLES, PACE_S, WAIT_S = 4, 0.05, 30.0
+
+
+async def _press(app: DdptopApp, pilot, i: int) -> float:  # type: ignore[no-untyped-def]
+    key = events.Key("greater_than_sign", ">") if i % 5 == 4 else events.Key("down", None)
+    key.set_sender(app)
+    began = time.perf_counter()
+    app.post_message(key)
+    await tui_scale._painted(pilot)
+    return time.perf_counter() - began
+
+
+async def _turn(job_id: str, n: int) -> dict[str, list[float]]:
+    """Keys during and between background diagnoses, in one attach of the real app."""
+    app = DdptopApp(LiveSource(resolve(job_id), digest=True))
+    out: dict[str, list[float]] = {"during": [], "between": []}
+    i = 0
+    async with app.run_test(size=(200, 60)) as pilot:
+        await tui_scale.every_rank_in(app, pilot, n)
+        await pilot.pause(3.0)  # past the attach's first diagnoses
+        for _ in range(CYCLES):
+            deadline = time.monotonic() + WAIT_S
+            while app._diagnosing and time.monotonic() < deadline:
+                await pilot.pause(0.02)
+            for _ in range(5):
+                if app._diagnosing:
+                    break
+                out["between"].append(await _press(app, pilot, i))
+                i += 1
+                await pilot.pause(PACE_S)
+            while not app._diagnosing and time.monotonic() < deadline:
+                await pilot.pause(0.01)
+            while app._diagnosing and time.monotonic() < deadline:
+                out["during"].append(await _press(app, pilot, i))
+                i += 1
+                await pilot.pause(PACE_S)
+    return out
+
+
+def _line(keys: list[float]) -> str:
+    if not keys:
+        return "n=0"
+    keys = sorted(keys)
+    return (f"n={len(keys)} median {1000 * statistics.median(keys):.0f} ms"
+            f" p90 {1000 * keys[int(0.9 * len(keys))]:.0f} ms")
+
+
+def main() -> int:
+    """Alternate the two ways on one generator; print the turns and each side's keys."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=32768)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--idle", action="store_true", help="an idle node instead of a busy one")
+    args = parser.parse_args()
+    n = args.ranks
+    rt = Path(tempfile.mkdtemp(prefix="ddptop-ab-"))
+    os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
+    ensure_fd_limit(n // 8 + 512)
+    gen = run_in_subprocess(n, f"kh{n}", "healthy", 1.0, rt, ready_timeout=600,
+                            extra_args=tui_scale.generator_args(n, ["digest"]) or ())
+    sides: dict[str, dict[str, list[float]]] = {w: {"during": [], "between": []} for w in ("hold", "action")}
+    try:
+        for turn in range(args.turns):
+            way = "hold" if turn % 2 == 0 else "action"
+            TableActions.on_event = HOLD if way == "hold" else App.on_event  # type: ignore[method-assign]
+            with node("idle" if args.idle else "busy", gen.pid):
+                got = asyncio.run(_turn(f"kh{n}", n))
+            for k, v in got.items():
+                sides[way][k].extend(v)
+            print(f"{way:>6} during: {_line(got['during'])} | between: {_line(got['between'])}", flush=True)
+    finally:
+        gen.stop()
+        TableActions.on_event = HOLD  # type: ignore[method-assign]
+    for way, keys in sides.items():
+        print(f"all {way:>6} during: {_line(keys['during'])} | between: {_line(keys['between'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
