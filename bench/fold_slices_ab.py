@@ -16,12 +16,9 @@ turns alternating A (today's) and B, on a busy node unless ``--idle``
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +29,6 @@ import tui_scale
 from busy_node import node
 
 import ddptop.tui.app as app_module
-from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
 from ddptop.tui.app import DdptopApp, EventsReady
 
 SHOWN = ("cycle_ms", "key_p95_ms", "sort_key_median_ms", "move_key_median_ms", "ui_ms_per_s")
@@ -68,18 +64,11 @@ ON_EVENTS = DdptopApp.on_events_ready
 
 def main() -> int:
     """Alternate the two ways on one generator; print the turns and the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = tui_scale.ab_parser(__doc__.split("\n")[0])
     parser.add_argument("--what", choices=("slices", "period", "absorb"), default="slices")
-    parser.add_argument("--ranks", type=int, default=32768)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--idle", action="store_true", help="an idle node instead of a busy one")
     args = parser.parse_args()
     n = args.ranks
-    rt = Path(tempfile.mkdtemp(prefix="ddptop-ab-"))
-    os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
-    ensure_fd_limit(n // 8 + 512)
-    gen = run_in_subprocess(n, f"ab{n}", "healthy", 1.0, rt, ready_timeout=600,
-                            extra_args=tui_scale.generator_args(n, ["digest"]) or ())
+    gen = tui_scale.digest_job(n, f"ab{n}")
     names = {"slices": ("slices", "whole"), "period": ("period", "every"), "absorb": ("message", "inline")}
     a, b = names[args.what]
     results: dict[str, list[dict[str, float]]] = {a: [], b: []}

@@ -15,12 +15,9 @@ the median and 90th percentile over all turns' keys.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +31,6 @@ from textual.app import App
 
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
-from ddptop.testing.synthetic import ensure_fd_limit, run_in_subprocess
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.table_actions import TableActions
 
@@ -88,17 +84,9 @@ def _line(keys: list[float]) -> str:
 
 def main() -> int:
     """Alternate the two ways on one generator; print the turns and each side's keys."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, default=32768)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--idle", action="store_true", help="an idle node instead of a busy one")
-    args = parser.parse_args()
+    args = tui_scale.ab_parser(__doc__.split("\n")[0]).parse_args()
     n = args.ranks
-    rt = Path(tempfile.mkdtemp(prefix="ddptop-ab-"))
-    os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
-    ensure_fd_limit(n // 8 + 512)
-    gen = run_in_subprocess(n, f"kh{n}", "healthy", 1.0, rt, ready_timeout=600,
-                            extra_args=tui_scale.generator_args(n, ["digest"]) or ())
+    gen = tui_scale.digest_job(n, f"kh{n}")
     sides: dict[str, dict[str, list[float]]] = {w: {"during": [], "between": []} for w in ("hold", "action")}
     try:
         for turn in range(args.turns):

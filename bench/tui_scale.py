@@ -59,7 +59,7 @@ from ddptop.client.targets import resolve
 from ddptop.digest import PulseBatch
 from ddptop.model.job import JobModel
 from ddptop.protocol import Event
-from ddptop.testing.synthetic import ensure_fd_limit, fds_needed, run_in_subprocess
+from ddptop.testing.synthetic import SyntheticProcess, ensure_fd_limit, fds_needed, run_in_subprocess
 from ddptop.testing.synthetic_ranks import FakeRanks
 
 REDRAW_TARGET_MS, KEY_TARGET_MS = 50.0, 100.0
@@ -261,6 +261,26 @@ def fits(needed: int) -> bool:
     """Whether *needed* open files fit under this process's hard limit (the generator's is the same)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     return hard == resource.RLIM_INFINITY or needed <= hard
+
+
+def ab_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every A/B script of the dashboard takes (bench/fold_slices_ab.py,
+    bench/key_hold_ab.py): the job's size, the turns, the node."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--ranks", type=int, default=32768)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--idle", action="store_true", help="an idle node instead of a busy one")
+    return parser
+
+
+def digest_job(n: int, job_id: str) -> SyntheticProcess:
+    """The synthetic job an A/B runs on: *n* healthy ranks behind node agents that offer the
+    digest lane, in a runtime directory of its own (the viewer goes through the agents)."""
+    rt = Path(tempfile.mkdtemp(prefix="ddptop-ab-"))
+    os.environ["DDPTOP_RUNTIME_DIR"], os.environ["DDPTOP_VIA"] = str(rt), "agent"
+    ensure_fd_limit(n // 8 + 512)
+    return run_in_subprocess(n, job_id, "healthy", 1.0, rt, ready_timeout=600,
+                             extra_args=generator_args(n, ["digest"]) or ())
 
 
 def generator_args(n: int, ways: list[str]) -> tuple[str, ...] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Union, get_args
 
 import msgspec
@@ -76,14 +77,21 @@ def catch_up() -> list[Event]:
     return out
 
 
-@pytest.fixture
-def endpoint() -> Iterator[NodeEndpoint]:
-    node = NodeEndpoint("127.0.0.1", 0, None, JOB, StandInAgent(catch_up), host="node-a",
+@contextmanager
+def serving(answers: Callable[[], list[Event]]) -> Iterator[NodeEndpoint]:
+    """A real NodeEndpoint whose agent's catch-up is *answers()*, closed after."""
+    node = NodeEndpoint("127.0.0.1", 0, None, JOB, StandInAgent(answers), host="node-a",
                         digest_s=TICK_S)
     try:
         yield node
     finally:
         node.close()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[NodeEndpoint]:
+    with serving(catch_up) as node:
+        yield node
 
 
 @pytest.fixture
@@ -92,12 +100,8 @@ def endpoint_wide() -> Iterator[NodeEndpoint]:
     def wide_catch_up() -> list[Event]:
         return [wide(e) if isinstance(e, RecordEntry) and isinstance(e.message, StateMsg) else e
                 for e in catch_up()]
-    node = NodeEndpoint("127.0.0.1", 0, None, JOB, StandInAgent(wide_catch_up), host="node-a",
-                        digest_s=TICK_S)
-    try:
+    with serving(wide_catch_up) as node:
         yield node
-    finally:
-        node.close()
 
 
 class Peer:
