@@ -90,14 +90,11 @@ class Foreground:
     @contextmanager
     def busy(self) -> Iterator[None]:
         """The UI is busy for the duration: the threads that give way wait."""
-        self._depth += 1
-        self._free.clear()
+        release = self.hold()
         try:
             yield
         finally:
-            self._depth -= 1
-            if not self._depth:
-                self._free.set()
+            release()
 
     def hold(self) -> Callable[[], None]:
         """The UI is busy from now until the returned release is called (once counts; later

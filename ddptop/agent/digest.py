@@ -10,11 +10,10 @@ interval has a pulse for each detail, so no detail is skipped over.
 
 From :data:`WIDE_FROM_RANKS` ranks a digest spans two sample intervals (:attr:`DigestBuilder.span`):
 the viewer then folds one pulse per rank every two seconds, half the work, and still gets
-every sample. What is rare and decisive does not wait for it (below), and a rank's values are
-at most two seconds old, well inside the five a row waits before it turns stale
-(``ddptop.status.STALE_AFTER_S``). Whatever is rare and decisive (a final
-state, an exit, a lost connection, a stuck report, a rank's history on reconnecting) goes
-at once, as the same event a subscribed viewer gets.
+every sample. A rank's values are then at most two seconds old, well inside the five a row
+waits before it turns stale (``ddptop.status.STALE_AFTER_S``). Whatever is rare and decisive (a
+final state, an exit, a lost connection, a stuck report, a rank's history on reconnecting)
+does not wait for a digest: it goes at once, as the same event a subscribed viewer gets.
 
 :class:`DigestBuilder` is fed on the endpoint's loop thread with the events the agent
 publishes for its own ranks, and only while a digest peer is connected: a job nobody watches
@@ -87,7 +86,6 @@ class DigestBuilder:
             if isinstance(entry, RecordEntry) and isinstance(entry.message, StateMsg) and \
                     entry.rank not in self._ranks:  # the catch-up is its detail number 0
                 state = entry.message.state
-                self.world_size = max(self.world_size, state.world_size)
                 self._note(self._ranks.setdefault(entry.rank, _Rank()), entry.time, state, detail_key(state))
 
     def add(self, event: Event) -> bool:
@@ -101,8 +99,6 @@ class DigestBuilder:
             if state.status in FINAL:  # last words go whole, at once: the viewers' copy is this
                 self._note(known, event.time, state, detail_key(state))
                 return True
-            if state.world_size > self.world_size:
-                self.world_size = state.world_size
             after = known.enqueue_seq
             key = detail_key(state)
             if key != known.key:
@@ -153,7 +149,9 @@ class DigestBuilder:
         self._slot[rank] = len(self._pulses)
         self._pulses.append((heard, pulse))
 
-    @staticmethod
-    def _note(known: _Rank, heard: float, state: RankState, key: tuple[Any, ...]) -> None:
+    def _note(self, known: _Rank, heard: float, state: RankState, key: tuple[Any, ...]) -> None:
+        # What the viewers now hold of the rank; and the job's size, which sets the span.
+        if state.world_size > self.world_size:
+            self.world_size = state.world_size
         known.key, known.heard_at, known.status = key, heard, state.status
         known.enqueue_seq, known.ended = last_enqueue_seq(state), state.status in FINAL
