@@ -164,26 +164,35 @@ def test_idle_real_groups_never_trigger_a_full_dump(tmp_path: Any) -> None:
         t = torch.zeros(4)
         import time
         from ddptop.reporter.collectives import decode_fr, read_fr_json
+        def busy_status():
+            st = decode_fr(read_fr_json(include_collectives=False)).pg_status.get(busy.group_name)
+            return None if st is None else [st.last_enqueued_collective, st.last_completed_collective]
+        settled, seen = None, []
         for now in range(60):
             if now < 10:
                 dist.all_reduce(t, group=busy)
             if now == 9:  # FR marks the last op completed from gloo's thread: wait for that (bounded)
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and any(
-                        st.last_enqueued_collective != st.last_completed_collective
-                        for st in decode_fr(read_fr_json(include_collectives=False)).pg_status.values()):
+                deadline = time.monotonic() + 60
+                while busy_status() != [10, 10] and time.monotonic() < deadline:
                     time.sleep(0.01)
+                settled = busy_status()
+            reads = tracker.full_reads
             groups = tracker.groups(c10d, 1000.0 + now)
+            if tracker.full_reads != reads:  # what FR says right after: why it read
+                seen.append([now, busy_status()])
         print(json.dumps([tracker.status_reads, tracker.full_reads,
-                          sorted((g.pg, g.seq, len(g.pending)) for g in groups)]))
+                          sorted((g.pg, g.seq, len(g.pending)) for g in groups), settled, seen]))
         dist.destroy_process_group()
     """)
     env = dict(os.environ, PYTHONPATH=os.getcwd(), OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env=env, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
-    status_reads, full_reads, groups = json.loads(res.stdout.strip().splitlines()[-1])
-    assert full_reads == 0  # every group is stalled after 2 s, but nothing is in flight
+    status_reads, full_reads, groups, settled, seen = json.loads(res.stdout.strip().splitlines()[-1])
+    # The busy group's tenth all-reduce is enqueued and completed before the clock runs on (a
+    # wait for FR's status, bounded): if not (no status, or gloo's thread starved a minute), here.
+    assert settled == [10, 10], settled
+    assert full_reads == 0, seen  # every group is stalled after 2 s, but nothing is in flight
     assert status_reads > 40
     assert [g[2] for g in groups] == [0, 0, 0, 0]
     assert sorted(g[1] for g in groups) == [0, 0, 0, 10]
