@@ -2,7 +2,8 @@
 its long passes while the UI is busy.
 
 The hook is called where the module says (every EVERY ranks of the snapshot, of the histories
-and of the rate windows, and before each rule run), changes nothing a diagnosis finds, and
+and of the rate windows, before each rule run, before each result the rules share, and between
+the passes of the rules that make several), changes nothing a diagnosis finds, and
 outside ``giving_way`` is never called. The dashboard's wiring: tests/test_tui_app.py.
 """
 
@@ -58,6 +59,11 @@ def test_a_diagnosis_gives_way_before_every_rule_and_finds_the_same() -> None:
         assert findings_for_model(model, now) == whole
     chunks = -(-512 // EVERY)
     assert 1 <= hook.seen.pop("_settled") <= chunks  # the ranks the rate rules judge: most
+    assert hook.seen.pop("shared") >= 5  # before each result the rules share (active ranks, windows...)
+    # Within the rules that pass over every rank more than once: between their passes (one
+    # process group here), and every EVERY ranks of a loop.
+    inside = {"_unequal_train": 2, "_unequal_eval": chunks, "collective_stall": 2, "collective_mismatch": 1}
+    assert {k: hook.seen.pop(k) for k in inside} == inside
     assert hook.seen == {"snapshot": chunks + 1, "recent_histories": chunks, "diagnose_by_rule": len(RULES)}
     # A carried diagnosis (the rate rules not run) gives way before the rules it runs only.
     plain, paced, hook = Cadence(every_s=10.0, from_ranks=1), Cadence(every_s=10.0, from_ranks=1), Callers()

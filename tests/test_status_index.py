@@ -71,6 +71,29 @@ def test_index_equals_the_full_loop_over_random_streams(stream: list[tuple[Messa
         assert model.statuses(now) == model._statuses_full(now)
 
 
+@settings(max_examples=200, deadline=None)
+@given(steps, steps, times)
+def test_a_shared_copy_takes_the_index_along_and_keeps_it_right(
+        before: list[tuple[Message, float | None]], after: list[tuple[Message, float | None]],
+        copied_at: float) -> None:
+    """The background diagnosis's copy starts from its model's index (what it folded, and what
+    it had yet to fold), not from nothing; both stay equal to the full loop as each goes on."""
+    model = JobModel("si", 8)
+    model.statuses(copied_at)  # the dashboard's model has its index from the first redraw
+    for message, read_at in before:
+        model.apply(message)
+        if read_at is not None:
+            model.statuses(read_at)  # some folded, the rest dirty when copied
+    copy = model.shared_copy()
+    assert copy._status_index is not None and copy._status_index is not model._status_index
+    assert copy.statuses(copied_at) == copy._statuses_full(copied_at) == model._statuses_full(copied_at)
+    for message, read_at in after:  # each goes its own way: the copy's index follows its own views
+        copy.apply(message)
+        if read_at is not None:
+            assert copy.statuses(read_at) == copy._statuses_full(read_at)
+            assert model.statuses(read_at) == model._statuses_full(read_at)
+
+
 def test_a_silent_rank_turns_stale_with_time_alone() -> None:
     """No event after its last state: the clock alone makes it stale, then the next state
     makes it running again."""

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from ddptop.model.pace import give_way
+
 T = TypeVar("T")
 
 _MEMO: ContextVar[dict[Hashable, Any] | None] = ContextVar("ddptop_diagnosis_memo", default=None)
@@ -51,6 +53,7 @@ def shared(name: str, inputs: tuple[object, ...], values: tuple[Hashable, ...],
     found = memo.get(key)
     if found is not None:
         return found[1]  # type: ignore[no-any-return]
+    give_way()  # a derived result is a pass over every rank: the UI may go first (model.pace)
     result = compute()
     memo[key] = (inputs, result)
     return result

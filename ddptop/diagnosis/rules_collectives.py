@@ -17,6 +17,7 @@ from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
 from ddptop.diagnosis.op_semantics import Signature, signature, signer
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
+from ddptop.model.pace import EVERY, give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.status import Status
@@ -81,6 +82,7 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
     states = _considered(snapshot, now, config)
     out: list[Finding] = []
     for pg in _group_names(states):
+        give_way()  # a pass over every rank per group (model.pace)
         for seq, entries in sorted(_pending_by_seq(states, pg, now).items()):
             kinds = Counter(e.key for e in entries)
             if len(entries) < 2 or len(kinds) < 2:
@@ -164,8 +166,10 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
         return []  # a one-rank job has no peer to wait for
     out: list[Finding] = []
     for pg in _group_names(states):
+        give_way()  # each of these passes over every rank is ~5 ms at 32,768 (model.pace)
         groups = {s.rank: g for s in states if (g := group(s, pg)) is not None}  # one lookup per rank
         seqs = {rank: g.seq for rank, g in groups.items()}
+        give_way()
         top = max(seqs.values(), default=0)
         if top == 0:
             continue  # start-up: no collective entered yet
@@ -201,7 +205,9 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
 
 def _gone_ranks(snapshot: JobSnapshot) -> dict[int, str]:
     out: dict[int, str] = {}
-    for s in snapshot.ranks:
+    for i, s in enumerate(snapshot.ranks):
+        if not i % EVERY:
+            give_way()
         if s.status in (Status.LOST, Status.CRASHED, Status.EXITED):
             out[s.rank] = s.status + (f" ({s.exit_reason})" if s.exit_reason else "")
     return out

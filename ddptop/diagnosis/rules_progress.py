@@ -22,6 +22,7 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.lateness import entry_lateness
 from ddptop.diagnosis.windows import Window, settled
+from ddptop.model.pace import EVERY, give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 from ddptop.status import Status
@@ -40,10 +41,12 @@ def unequal_batches(snapshot: JobSnapshot, histories: dict[int, list[Sample]], n
 
 def _unequal_train(snapshot: JobSnapshot) -> list[Finding]:
     states = [s for s in active(snapshot) if s.batches_per_epoch is not None]
+    give_way()  # each pass over every rank is ~5-10 ms at 32,768 (model.pace)
     # A rank whose first optimizer step is still to come reports the loader it iterated
     # last (a sanity-check validation loader, say): compare it only once it knows its
     # training loader, unless no rank knows one yet.
     decided = [s for s in states if any(info.role == "train" for info in s.loaders)]
+    give_way()
     counts = {s.rank: s.batches_per_epoch for s in (decided or states) if s.batches_per_epoch is not None}
     if len(counts) < 2 or len(set(counts.values())) < 2:
         return []
@@ -87,7 +90,9 @@ def _unequal_eval(snapshot: JobSnapshot) -> list[Finding]:
     batch (metric all-reduces, ``sync_dist``), hence a warning, not critical.
     """
     lengths: dict[tuple[int, str], dict[int, int]] = {}
-    for s in snapshot.ranks:  # a dead rank's loader lengths are still facts: post-mortem too
+    for i, s in enumerate(snapshot.ranks):  # a dead rank's loader lengths are still facts: post-mortem too
+        if not i % EVERY:
+            give_way()
         for info in s.loaders:
             if info.role == "eval" and info.length is not None:
                 lengths.setdefault((info.index, info.name), {})[s.rank] = info.length

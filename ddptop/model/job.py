@@ -296,8 +296,11 @@ class JobModel:
         dashboard's background diagnosis: copying 4096 windows of samples cost the UI thread
         20-40 ms; its readers take a deque only through C-level calls, see recent_samples)."""
         ranks = {r: _view_copy(v) for r, v in self.ranks.items()}
-        return JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
-                        first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
+        copied = JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
+                          first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
+        if self._status_index is not None:  # the copy's first statuses() need not walk every rank
+            copied._status_index = self._status_index.copy_for(copied)
+        return copied
 
     def steps(self, ranks: Iterable[int]) -> dict[int, int]:
         """The last step of each of *ranks* (0 for a rank not heard from yet)."""

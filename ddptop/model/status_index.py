@@ -81,6 +81,25 @@ class StatusIndex:
         self.stale_by_clock = stale
         return out
 
+    def copy_for(self, model: Views) -> StatusIndex:
+        """This index for *model*, a copy of this index's model whose views are equal
+        (:meth:`JobModel.shared_copy`): what it knows copied, what it has yet to fold marked
+        dirty there. Building it anew walked every rank (~100 ms at 32,768, in one stretch of the
+        background diagnosis that the UI could not interrupt); copying costs ~3 ms."""
+        copied = StatusIndex.__new__(StatusIndex)
+        copied._ranks = model.ranks
+        copied.stale_after_s = self.stale_after_s
+        copied._dirty = model.watch_dirty()
+        copied._dirty.update(self._dirty)
+        copied._base = dict(self._base)
+        copied._ends = dict(self._ends)
+        copied._first = self._first
+        copied._received = dict(self._received)
+        copied.stale_by_clock = list(self.stale_by_clock)
+        copied._buckets = {key: set(bucket) for key, bucket in self._buckets.items()}
+        copied._keys = list(self._keys)
+        return copied
+
     def words(self) -> dict[int, str]:
         """Every rank's word but for the clock: what :meth:`statuses` gives a rank heard just
         now. The index's own dict (read it, never change it)."""
