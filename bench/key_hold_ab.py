@@ -1,11 +1,14 @@
-"""A/B of a key holding the UI busy until its repaint, keys at a person's pace, one run.
+"""A/B of what keeps keys quick while a big job is diagnosed, keys at a person's pace, one run.
 
-Run: ``.venv/bin/python bench/key_hold_ab.py [--ranks 32768] [--turns 6] [--idle]``.
+Run: ``.venv/bin/python bench/key_hold_ab.py [--what hold|copy] [--ranks 32768] [--turns 6] [--idle]``.
 
 One synthetic job through the node agents' digest lane; the real app headless, a new attach
-each turn, turns alternating A (today's: a key holds the UI busy from its arrival to its
-repaint, ``TableActions.on_event``) and B (only the key's action is a busy block, as before),
-on a busy node unless ``--idle`` (``bench/busy_node.py``). In each turn, over four of a big
+each turn, turns alternating A (today's) and B (as before), on a busy node unless ``--idle``
+(``bench/busy_node.py``). ``--what hold`` (the default): A, a key holds the UI busy from its
+arrival to its repaint (``TableActions.on_event``); B, only the key's action is a busy block.
+``--what copy``: A, the background diagnosis's copy is taken a slice of ranks at a time, its
+status index taken along (``tui/background_findings``, ``model/sliced_copy``); B, the copy is
+taken whole in one message and its index built anew by the diagnosis. In each turn, over four of a big
 job's background diagnoses: keys pressed while one runs, and keys pressed between them (a
 sort key every fifth, as ``bench/tui_scale.py``), 50 ms apart, as a person presses them, not
 back to back: a key's time is from its posting until every message queued before it is
@@ -31,11 +34,28 @@ from textual.app import App
 
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
+from ddptop.model.job import JobModel
 from ddptop.tui.app import DdptopApp
+from ddptop.tui.background_findings import BackgroundFindings
 from ddptop.tui.table_actions import TableActions
 
-HOLD = TableActions.on_event
+HOLD, WITH_VIEWS, SLICE = TableActions.on_event, JobModel.with_views, BackgroundFindings.copy_slice_ranks
 CYCLES, PACE_S, WAIT_S = 4, 0.05, 30.0
+
+
+def _without_index(self: JobModel, ranks: dict[int, object]) -> JobModel:
+    copied = WITH_VIEWS(self, ranks)  # type: ignore[arg-type]
+    if copied._status_index is not None:  # the diagnosis builds its own, as before
+        copied.dirty_sinks.clear()
+        copied._status_index = None
+    return copied
+
+
+def _way(what: str, today: bool) -> None:
+    """Today's code (*today*) or the way before, for *what*."""
+    TableActions.on_event = HOLD if today or what != "hold" else App.on_event  # type: ignore[method-assign]
+    JobModel.with_views = WITH_VIEWS if today or what != "copy" else _without_index  # type: ignore[method-assign]
+    BackgroundFindings.copy_slice_ranks = SLICE if today or what != "copy" else 1 << 30
 
 
 async def _press(app: DdptopApp, pilot, i: int) -> float:  # type: ignore[no-untyped-def]
@@ -79,19 +99,22 @@ def _line(keys: list[float]) -> str:
         return "n=0"
     keys = sorted(keys)
     return (f"n={len(keys)} median {1000 * statistics.median(keys):.0f} ms"
-            f" p90 {1000 * keys[int(0.9 * len(keys))]:.0f} ms")
+            f" p90 {1000 * keys[int(0.9 * len(keys))]:.0f} ms p95 {1000 * keys[int(0.95 * len(keys))]:.0f} ms"
+            f" max {1000 * keys[-1]:.0f} ms")
 
 
 def main() -> int:
     """Alternate the two ways on one generator; print the turns and each side's keys."""
-    args = tui_scale.ab_parser(__doc__.split("\n")[0]).parse_args()
-    n = args.ranks
+    parser = tui_scale.ab_parser(__doc__.split("\n")[0])
+    parser.add_argument("--what", choices=("hold", "copy"), default="hold")
+    args = parser.parse_args()
+    n, names = args.ranks, {"hold": ("hold", "action"), "copy": ("sliced", "whole")}[args.what]
     gen = tui_scale.digest_job(n, f"kh{n}")
-    sides: dict[str, dict[str, list[float]]] = {w: {"during": [], "between": []} for w in ("hold", "action")}
+    sides: dict[str, dict[str, list[float]]] = {w: {"during": [], "between": []} for w in names}
     try:
         for turn in range(args.turns):
-            way = "hold" if turn % 2 == 0 else "action"
-            TableActions.on_event = HOLD if way == "hold" else App.on_event  # type: ignore[method-assign]
+            way = names[turn % 2]
+            _way(args.what, today=turn % 2 == 0)
             with node("idle" if args.idle else "busy", gen.pid):
                 got = asyncio.run(_turn(f"kh{n}", n))
             for k, v in got.items():
@@ -99,7 +122,7 @@ def main() -> int:
             print(f"{way:>6} during: {_line(got['during'])} | between: {_line(got['between'])}", flush=True)
     finally:
         gen.stop()
-        TableActions.on_event = HOLD  # type: ignore[method-assign]
+        _way(args.what, today=True)
     for way, keys in sides.items():
         print(f"all {way:>6} during: {_line(keys['during'])} | between: {_line(keys['between'])}")
     return 0

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from textual import events
 from textual.message import Message
 from textual.pilot import Pilot
 from textual.widgets import Static
@@ -256,6 +257,38 @@ def test_the_background_diagnosis_waits_while_the_ui_is_busy() -> None:
                 assert app._diagnosing
                 await until(pilot, lambda: not app._diagnosing, timeout=60.0)
             assert app.diagnosis_waited_s > before
+
+    asyncio.run(go())
+
+
+def test_a_key_goes_between_the_slices_of_the_background_diagnosis_s_copy() -> None:
+    """The diagnosis's copy of a big job is taken a slice of ranks per message: a key pressed
+    while it is taken is handled before the copy is done (tests/test_sliced_copy.py: the copy
+    is the model of its last slice), and the diagnosis then runs as before."""
+    async def go() -> None:
+        n = BACKGROUND_FINDINGS_RANKS + 44
+        source = FakeSource(entries([state(r, world=n) for r in range(n)]))
+        app = DdptopApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one(RankTable)
+            await until(pilot, lambda: len(app.model.ranks) == n and not app._diagnosing, timeout=30.0)
+            app.copy_slice_ranks = 64  # five slices and the last step
+            copying: list[bool] = []
+            move = table.action_cursor
+
+            def spied(delta: int) -> None:
+                copying.append(app._copying is not None)
+                move(delta)
+            table.action_cursor = spied  # type: ignore[method-assign]
+            app.redraw(fresh_findings=True)  # its first slice now, the others queued one by one
+            copier = app._copying
+            assert app._diagnosing and copier is not None and copier.steps == 1
+            key = events.Key("down", None)
+            key.set_sender(app)
+            app.post_message(key)
+            await until(pilot, lambda: not app._diagnosing, timeout=60.0)
+            assert copying == [True] and table.cursor == 1
+            assert copier.steps == 6 and not copier.watching and app._copying is None
 
     asyncio.run(go())
 

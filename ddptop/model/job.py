@@ -295,7 +295,12 @@ class JobModel:
         """A copy whose views are new but share their history deques with this model's (the
         dashboard's background diagnosis: copying 4096 windows of samples cost the UI thread
         20-40 ms; its readers take a deque only through C-level calls, see recent_samples)."""
-        ranks = {r: _view_copy(v) for r, v in self.ranks.items()}
+        return self.with_views({r: view_copy(v) for r, v in self.ranks.items()})
+
+    def with_views(self, ranks: dict[int, RankView]) -> JobModel:
+        """A model of this job whose views are *ranks*: copies of this model's views as they are
+        now, every rank, in this model's order (:meth:`shared_copy`, or
+        :class:`~ddptop.model.sliced_copy.SlicedCopy` a slice at a time)."""
         copied = JobModel(job_id=self.job_id, world_size=self.world_size, ranks=ranks,
                           first_time=self.first_time, last_time=self.last_time, places=dict(self.places))
         if self._status_index is not None:  # the copy's first statuses() need not walk every rank
@@ -312,7 +317,8 @@ class JobModel:
         return {r: list(v.history) for r, v in sorted(self.ranks.items())}
 
 
-def _view_copy(view: RankView) -> RankView:
+def view_copy(view: RankView) -> RankView:
+    """A new view with every field of *view* as it is (its history deque shared)."""
     # Every field as it is (a shallow copy): its attribute dict copied whole, at 0.4 us a view
     # against 0.95 us through the constructor (32,768 views on the UI thread every few seconds).
     copied = object.__new__(RankView)

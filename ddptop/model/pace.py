@@ -6,8 +6,9 @@ at a time, and a thread that wants the interpreter gets it only every switch int
 so a key handled meanwhile took twice as long or more: at 32,768 ranks sort keys of about
 20 ms took 67 ms (median) while a diagnosis ran. The snapshot, the engine between its rules,
 the memo before each shared result, the rules between their passes, and the long per-rank
-loops (histories, rate windows) call :func:`give_way` every :data:`EVERY` ranks; inside :func:`giving_way` that calls the caller's hook (the dashboard's
-waits while its UI is busy, :class:`ddptop.source.Foreground`), elsewhere it does nothing.
+loops (histories, rate windows) call :func:`give_way` every :data:`EVERY` ranks; inside
+:func:`giving_way` that calls the caller's hook (the dashboard's waits while its UI is busy,
+:class:`ddptop.source.Foreground`), elsewhere it does nothing.
 With the dashboard's 1 ms switch interval (:mod:`ddptop.tui.app`) such keys took 28.5 ms.
 At 32,768 ranks the longest stretch without a chance was ~125 ms (the copy's status index
 built anew, now copied: :meth:`~ddptop.model.status_index.StatusIndex.copy_for`) and then

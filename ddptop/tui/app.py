@@ -28,9 +28,9 @@ from textual.widgets import Footer
 from ddptop.client.collector import ViewerCollector
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
-from ddptop.model.pace import giving_way
 from ddptop.source import JobSource, ReplayableSource
 from ddptop.tui import export as exporting
+from ddptop.tui.background_findings import BackgroundFindings
 from ddptop.tui.event_buffer import EventBuffer
 from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
 from ddptop.tui.replay_actions import ReplayActions
@@ -81,7 +81,7 @@ class AbsorbReady(Message):
         return isinstance(message, AbsorbReady)
 
 
-class DdptopApp(TableActions, ReplayActions):
+class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
     """The dashboard. ``source`` is live or replayable; ``clock`` gives "now" in live mode."""
 
     CSS_PATH = "ddptop.tcss"
@@ -128,7 +128,7 @@ class DdptopApp(TableActions, ReplayActions):
         self._pace = FindingsPace()  # when the next diagnosis is due
         self._buffer = EventBuffer(self._wake)
         self._started = False
-        self._diagnosing, self._cadence = False, Cadence()  # a big job's rate rules every 10 s
+        self._cadence = Cadence()  # a big job's rate rules every 10 s
         self.diagnosis_waited_s = 0.0  # how long background diagnoses waited for the busy UI
         self._switch_before = sys.getswitchinterval()  # the interpreter's, restored at unmount
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
@@ -273,7 +273,7 @@ class DdptopApp(TableActions, ReplayActions):
                 self.findings = findings(self.model, now)
                 self._pace.began(wall, ranks, counts)
             elif not self._diagnosing:
-                self._diagnose_in_background(now)
+                self._diagnose_in_background()
                 self._pace.began(wall, ranks, counts)
         self.query_one(FindingsPanel).show(self.findings)
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
@@ -283,43 +283,6 @@ class DdptopApp(TableActions, ReplayActions):
         self._dirty = False
         self._last_redraw = time.monotonic()
         self.redraws += 1
-
-    def _diagnose_in_background(self, now: float) -> None:
-        # The worker gets its own JobModel of the moment: the current state objects (never
-        # mutated, only replaced), exits and stuck reports, and each rank's history deque
-        # itself, not a copy; the diagnosis reads a deque only through C-level calls (bisect,
-        # list) that hold the GIL throughout, so appends by the UI thread cannot interleave
-        # with them (see recent_samples).
-        # Popped by the worker: Textual's Worker and this closure sit in a reference cycle, and
-        # a copy held by the closure (32,768 views, merged states) waited for the collector.
-        job = [self.model.shared_copy()]
-        self._diagnosing = True
-        # Its long passes wait while the UI is busy (a key, a redraw): sharing the GIL with
-        # the diagnosis took keys twice as long (ddptop.model.pace).
-        waiter = self.source.foreground.waiter()
-
-        def work() -> None:
-            began = time.monotonic()
-            try:
-                with giving_way(waiter):
-                    found = findings(job.pop(), now, self._cadence)
-            finally:
-                # Wall time, its waits included (a first version without them: key p95 80
-                # against 42 ms at 32k): the pace keeps it to a share of the time.
-                self.diagnosis_waited_s += waiter.gave_way_s
-                self._pace.took(time.monotonic() - began)
-                self._diagnosing = False
-            self.call_from_thread(self._show_findings, found)
-
-        self.run_worker(work, thread=True, group="findings", exit_on_error=False)
-
-    def _show_findings(self, found: list[Finding]) -> None:
-        self.findings = found
-        if not self.query(FindingsPanel):  # the worker finished while the app shut down
-            return
-        self.query_one(FindingsPanel).show(found)
-        self.query_one(JobHeader).show(self.model, self.now(), worst(found),
-                                       "replay" if self.replay else "live", self.paused)
 
     def _load_moment(self, t: float) -> None:
         if self.recording is None:

@@ -1,0 +1,108 @@
+"""A big job's diagnosis off the UI thread: the model copied a slice at a time between the UI's
+other messages, then diagnosed on a worker thread that gives way to the UI's busy moments.
+
+A base of :class:`~ddptop.tui.app.DdptopApp` (beside :mod:`ddptop.tui.table_actions`), which
+starts a diagnosis from its redraw when :class:`~ddptop.tui.findings.FindingsPace` says one
+is due. The copy (:class:`~ddptop.model.sliced_copy.SlicedCopy`) is taken on the UI thread,
+where events are applied, one slice per message of its own, each through a turn of the event
+loop: a key pressed meanwhile is handled between two slices. Taken whole it held the UI 50-110 ms at 32,768 ranks,
+a key pressed then waited for all of it. The worker's long passes wait while the UI is busy
+(:mod:`ddptop.model.pace`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from textual.app import App
+
+from ddptop.diagnosis.finding import Finding
+from ddptop.model.job import JobModel
+from ddptop.model.pace import giving_way
+from ddptop.model.sliced_copy import SLICE_RANKS, SlicedCopy
+from ddptop.source import JobSource
+from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
+from ddptop.tui.widgets.findings_panel import FindingsPanel
+from ddptop.tui.widgets.header import JobHeader
+
+
+class BackgroundFindings(App[int]):
+    """The background diagnosis of :class:`~ddptop.tui.app.DdptopApp` (see the module doc)."""
+
+    source: JobSource  # set by the app
+    model: JobModel  # set by the app: the job as shown
+    findings: list[Finding]  # set by the app: what the panel shows
+    paused: bool
+    replay = False
+    _pace: FindingsPace
+    _cadence: Cadence
+    # Set while a diagnosis is under way, from its copy's first slice to its findings shown.
+    _diagnosing = False
+    _copying: SlicedCopy | None = None
+    copy_slice_ranks = SLICE_RANKS  # views copied per message
+    diagnosis_waited_s = 0.0  # how long background diagnoses waited for the busy UI
+
+    def now(self) -> float:
+        """The time the dashboard shows (the app's clock, or the replay's position)."""
+        raise NotImplementedError
+
+    def _diagnose_in_background(self) -> None:
+        """Begin a diagnosis of the model as it is when its copy is done."""
+        self._diagnosing = True
+        self._copying = SlicedCopy(self.model, self.copy_slice_ranks)
+        self._copy_step()
+
+    def _copy_step(self) -> None:
+        copier = self._copying
+        if copier is None:
+            return
+        if copier.model is not self.model or not self.is_running:  # another model shown, or shut down
+            copier.cancel()
+            self._copying, self._diagnosing = None, False
+            return
+        job = copier.step()
+        if job is None:
+            # Through a turn of the event loop, then behind what the app has queued by then: a
+            # key waiting there, or already sent on to the focused widget's queue, goes first.
+            asyncio.get_running_loop().call_soon(self.call_later, self._copy_step)
+            return
+        self._copying = None
+        self._diagnose(job, self.now())
+
+    def _diagnose(self, job: JobModel, now: float) -> None:
+        # The worker gets its own JobModel of the moment: the current state objects (never
+        # mutated, only replaced), exits and stuck reports, and each rank's history deque
+        # itself, not a copy; the diagnosis reads a deque only through C-level calls (bisect,
+        # list) that hold the GIL throughout, so appends by the UI thread cannot interleave
+        # with them (see recent_samples).
+        # Popped by the worker: Textual's Worker and this closure sit in a reference cycle, and
+        # a copy held by the closure (32,768 views, merged states) waited for the collector.
+        held = [job]
+        del job
+        # Its long passes wait while the UI is busy (a key, a redraw): sharing the GIL with
+        # the diagnosis took keys twice as long (ddptop.model.pace).
+        waiter = self.source.foreground.waiter()
+
+        def work() -> None:
+            began = time.monotonic()
+            try:
+                with giving_way(waiter):
+                    found = findings(held.pop(), now, self._cadence)
+            finally:
+                # Wall time, its waits included (a first version without them: key p95 80
+                # against 42 ms at 32k): the pace keeps it to a share of the time.
+                self.diagnosis_waited_s += waiter.gave_way_s
+                self._pace.took(time.monotonic() - began)
+                self._diagnosing = False
+            self.call_from_thread(self._show_findings, found)
+
+        self.run_worker(work, thread=True, group="findings", exit_on_error=False)
+
+    def _show_findings(self, found: list[Finding]) -> None:
+        self.findings = found
+        if not self.query(FindingsPanel):  # the worker finished while the app shut down
+            return
+        self.query_one(FindingsPanel).show(found)
+        self.query_one(JobHeader).show(self.model, self.now(), worst(found),
+                                       "replay" if self.replay else "live", self.paused)
