@@ -8,7 +8,9 @@ each turn, turns alternating A (today's) and B (as before), on a busy node unles
 arrival to its repaint (``TableActions.on_event``); B, only the key's action is a busy block.
 ``--what copy``: A, the background diagnosis's copy is taken a slice of ranks at a time, its
 status index taken along (``tui/background_findings``, ``model/sliced_copy``); B, the copy is
-taken whole in one message and its index built anew by the diagnosis. In each turn, over four of a big
+taken whole in one message and its index built anew by the diagnosis. ``--what linger``: A, the
+diagnosis waits on until 0.25 s after a person's key (at most a second at a time); B, only
+while the UI is busy (at most a quarter second at a time). In each turn, over four of a big
 job's background diagnoses: keys pressed while one runs, and keys pressed between them (a
 sort key every fifth, as ``bench/tui_scale.py``), 50 ms apart, as a person presses them, not
 back to back: a key's time is from its posting until every message queued before it is
@@ -35,11 +37,14 @@ from textual.app import App
 from ddptop.client.live import LiveSource
 from ddptop.client.targets import resolve
 from ddptop.model.job import JobModel
+from ddptop.source import GIVE_WAY_MAX_S
+from ddptop.tui import background_findings
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.background_findings import BackgroundFindings
 from ddptop.tui.table_actions import TableActions
 
 HOLD, WITH_VIEWS, SLICE = TableActions.on_event, JobModel.with_views, BackgroundFindings.copy_slice_ranks
+LINGER = (background_findings.KEY_LINGER_S, background_findings.DIAGNOSIS_MAX_WAIT_S)
 CYCLES, PACE_S, WAIT_S = 4, 0.05, 30.0
 
 
@@ -56,6 +61,8 @@ def _way(what: str, today: bool) -> None:
     TableActions.on_event = HOLD if today or what != "hold" else App.on_event  # type: ignore[method-assign]
     JobModel.with_views = WITH_VIEWS if today or what != "copy" else _without_index  # type: ignore[method-assign]
     BackgroundFindings.copy_slice_ranks = SLICE if today or what != "copy" else 1 << 30
+    background_findings.KEY_LINGER_S, background_findings.DIAGNOSIS_MAX_WAIT_S = \
+        LINGER if today or what != "linger" else (0.0, GIVE_WAY_MAX_S)
 
 
 async def _press(app: DdptopApp, pilot, i: int) -> float:  # type: ignore[no-untyped-def]
@@ -106,9 +113,10 @@ def _line(keys: list[float]) -> str:
 def main() -> int:
     """Alternate the two ways on one generator; print the turns and each side's keys."""
     parser = tui_scale.ab_parser(__doc__.split("\n")[0])
-    parser.add_argument("--what", choices=("hold", "copy"), default="hold")
+    parser.add_argument("--what", choices=("hold", "copy", "linger"), default="hold")
     args = parser.parse_args()
-    n, names = args.ranks, {"hold": ("hold", "action"), "copy": ("sliced", "whole")}[args.what]
+    n, names = args.ranks, {"hold": ("hold", "action"), "copy": ("sliced", "whole"),
+                               "linger": ("linger", "busy")}[args.what]
     gen = tui_scale.digest_job(n, f"kh{n}")
     sides: dict[str, dict[str, list[float]]] = {w: {"during": [], "between": []} for w in names}
     try:

@@ -8,6 +8,7 @@ through its constructor and never knows which one it has (memray's live/replay s
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,26 +32,43 @@ GIVE_WAY_MAX_S = 0.25
 
 class GiveWay:
     """One thread's way of giving way to a busy UI: its own free pass and its own count (the
-    live source's thread and the background diagnosis each hold one)."""
+    live source's thread and the background diagnosis each hold one). With *linger_s* it also
+    waits until that long after a person's last key (:meth:`Foreground.hold` with ``key``)."""
 
-    def __init__(self, free: threading.Event, max_wait_s: float) -> None:
+    def __init__(self, free: threading.Event, max_wait_s: float, linger_s: float = 0.0,
+                 last_key: Callable[[], float] = lambda: -math.inf) -> None:
         self._free = free
         self._max_wait_s = max_wait_s
+        self._linger_s = linger_s
+        self._last_key = last_key
         self._pass_until = 0.0  # after a wait the UI outlasted: go on freely until then
         self.waiting = False  # this thread is giving way now
         self.gave_way_s = 0.0  # how long this thread waited in all (what a test reads)
 
     def __call__(self) -> None:
-        """Wait while the UI is busy, at most *max_wait_s*."""
-        if not self._free.is_set() and time.monotonic() >= self._pass_until:
-            began = time.monotonic()
-            self.waiting = True
-            if not self._free.wait(self._max_wait_s):
-                # The UI stayed busy throughout: go on as long without waiting, so that a UI
-                # busy without end halves this thread's pace at worst, never stops it.
-                self._pass_until = time.monotonic() + self._max_wait_s
-            self.waiting = False
-            self.gave_way_s += time.monotonic() - began
+        """Wait while the UI is busy (or within *linger_s* of a key), at most *max_wait_s*."""
+        now = time.monotonic()
+        if now < self._pass_until or (self._free.is_set() and now >= self._last_key() + self._linger_s):
+            return
+        began, deadline = now, now + self._max_wait_s
+        self.waiting = True
+        while now < deadline:
+            if not self._free.is_set():
+                self._free.wait(deadline - now)
+            else:
+                quiet_at = self._last_key() + self._linger_s
+                if now >= quiet_at:
+                    break
+                # A person pressing keys: the next one comes soon, let it find the UI free of
+                # this thread (it blocks at its next chance only: between, it shares the GIL).
+                time.sleep(min(quiet_at, deadline) - now)
+            now = time.monotonic()
+        else:
+            # The UI stayed busy throughout: go on as long without waiting, so that a UI
+            # busy without end halves this thread's pace at worst, never stops it.
+            self._pass_until = now + self._max_wait_s
+        self.waiting = False
+        self.gave_way_s += now - began
 
 
 class Foreground:
@@ -71,6 +89,7 @@ class Foreground:
         self._depth = 0
         self._max_wait_s = max_wait_s
         self._source = GiveWay(self._free, max_wait_s)
+        self.key_released_at = -math.inf  # when a person's last key was shown (monotonic)
 
     @property
     def is_busy(self) -> bool:
@@ -96,10 +115,11 @@ class Foreground:
         finally:
             release()
 
-    def hold(self) -> Callable[[], None]:
+    def hold(self, key: bool = False) -> Callable[[], None]:
         """The UI is busy from now until the returned release is called (once counts; later
         calls do nothing): a key from its arrival until the screen shows what it did, through
-        Textual's steps between its handlers, which :meth:`busy` blocks do not cover."""
+        Textual's steps between its handlers, which :meth:`busy` blocks do not cover. A *key*'s
+        release is the moment a waiter with a linger counts from."""
         self._depth += 1
         self._free.clear()
         released = False
@@ -108,6 +128,8 @@ class Foreground:
             nonlocal released
             if not released:
                 released = True
+                if key:
+                    self.key_released_at = time.monotonic()
                 self._depth -= 1
                 if not self._depth:
                     self._free.set()
@@ -117,9 +139,11 @@ class Foreground:
         """Called by a source's thread: wait while the UI is busy, at most *max_wait_s*."""
         self._source()
 
-    def waiter(self) -> GiveWay:
-        """A give-way of its own for another thread (its pass and count apart from the source's)."""
-        return GiveWay(self._free, self._max_wait_s)
+    def waiter(self, linger_s: float = 0.0, max_wait_s: float | None = None) -> GiveWay:
+        """A give-way of its own for another thread (its pass and count apart from the source's);
+        with *linger_s*, it also waits until that long after a person's last key."""
+        return GiveWay(self._free, self._max_wait_s if max_wait_s is None else max_wait_s, linger_s,
+                       lambda: self.key_released_at)
 
 
 class StacksResult:

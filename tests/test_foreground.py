@@ -113,3 +113,37 @@ def test_a_hold_lasts_until_its_release_which_counts_once() -> None:
     assert fg.is_busy
     again()
     assert not fg.is_busy
+
+
+def test_a_waiter_with_a_linger_waits_on_after_a_key_and_only_after_a_key() -> None:
+    """The background diagnosis waits until a moment after a person's key was shown (the next
+    key of a run finds the UI free of it); a redraw's busy block, or the source's thread, do not
+    linger."""
+    fg = Foreground(max_wait_s=60.0)
+    diagnosis = fg.waiter(linger_s=0.2, max_wait_s=60.0)
+    with fg.busy():  # a redraw
+        pass
+    diagnosis()
+    assert diagnosis.gave_way_s == 0.0
+    fg.hold(key=True)()  # a key, shown at once
+    fg.give_way()  # the source's thread: only while the UI is busy
+    assert fg.gave_way_s == 0.0
+    diagnosis()
+    assert time.monotonic() - fg.key_released_at >= 0.2 and diagnosis.gave_way_s > 0.0
+    waited = diagnosis.gave_way_s
+    diagnosis()  # the linger is over: no second wait
+    assert diagnosis.gave_way_s == waited and not diagnosis.waiting
+
+
+def test_keys_without_end_cannot_starve_a_lingering_waiter() -> None:
+    """Within the linger the whole time, the waiter waits its own bound out, then goes on freely
+    for as long (the same rule as for a UI that stays busy)."""
+    fg = Foreground(max_wait_s=60.0)
+    diagnosis = fg.waiter(linger_s=3600.0, max_wait_s=0.3)
+    fg.hold(key=True)()
+    began = time.monotonic()
+    diagnosis()
+    assert time.monotonic() - began >= 0.3 and diagnosis.gave_way_s >= 0.3
+    waited = diagnosis.gave_way_s
+    diagnosis()  # its free pass
+    assert diagnosis.gave_way_s == waited

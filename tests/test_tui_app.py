@@ -310,9 +310,11 @@ def test_a_key_holds_the_ui_busy_from_its_arrival_until_its_repaint() -> None:
                 seen.append(source.foreground.is_busy)
                 move(delta)
             table.action_cursor = spied  # type: ignore[method-assign]
+            before = source.foreground.key_released_at
             await pilot.press("down")
             await until(pilot, lambda: not source.foreground.is_busy)
             assert seen == [True] and table.cursor == 1
+            assert source.foreground.key_released_at > before  # a key: the diagnosis lingers after it
 
     asyncio.run(go())
 

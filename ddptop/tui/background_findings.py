@@ -5,9 +5,9 @@ A base of :class:`~ddptop.tui.app.DdptopApp` (beside :mod:`ddptop.tui.table_acti
 starts a diagnosis from its redraw when :class:`~ddptop.tui.findings.FindingsPace` says one
 is due. The copy (:class:`~ddptop.model.sliced_copy.SlicedCopy`) is taken on the UI thread,
 where events are applied, one slice per message of its own, each through a turn of the event
-loop: a key pressed meanwhile is handled between two slices. Taken whole it held the UI 50-110 ms at 32,768 ranks,
-a key pressed then waited for all of it. The worker's long passes wait while the UI is busy
-(:mod:`ddptop.model.pace`).
+loop: a key pressed meanwhile is handled between two slices (taken whole, the copy held the UI
+50-110 ms at 32,768 ranks). The worker's long passes wait while the UI is busy, and for a
+moment after a person's key (:mod:`ddptop.model.pace`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,16 @@ from ddptop.source import JobSource
 from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
 from ddptop.tui.widgets.findings_panel import FindingsPanel
 from ddptop.tui.widgets.header import JobHeader
+
+# After a person's key the diagnosis waits this long before it goes on: the next key of a run
+# then finds the UI free of it. It blocks only at its next chance to (every ~2-25 ms of work,
+# ddptop.model.pace), and until then shares the interpreter: at 32,768 ranks on a busy node a
+# move key of 5 ms of UI work took 15-30 ms during a diagnosis, 5-15 ms of it the diagnosis's.
+KEY_LINGER_S = 0.25
+# ...at most this long at a time, then as long freely (ddptop.source.GiveWay): keys pressed
+# without end halve the diagnosis's pace at worst. Longer than the source's bound: findings
+# can wait a second, the events of 32,768 ranks not.
+DIAGNOSIS_MAX_WAIT_S = 1.0
 
 
 class BackgroundFindings(App[int]):
@@ -82,7 +92,7 @@ class BackgroundFindings(App[int]):
         del job
         # Its long passes wait while the UI is busy (a key, a redraw): sharing the GIL with
         # the diagnosis took keys twice as long (ddptop.model.pace).
-        waiter = self.source.foreground.waiter()
+        waiter = self.source.foreground.waiter(KEY_LINGER_S, DIAGNOSIS_MAX_WAIT_S)
 
         def work() -> None:
             began = time.monotonic()

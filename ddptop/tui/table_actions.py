@@ -45,7 +45,7 @@ class TableActions(App[int]):
         if not isinstance(event, events.Key) or event.is_forwarded:
             await super().on_event(event)
             return
-        release = self.source.foreground.hold()
+        release = self.source.foreground.hold(key=True)
         self.set_timer(KEY_HOLD_MAX_S, release)
         try:
             await super().on_event(event)  # an app binding, or the key sent on to the focused widget
