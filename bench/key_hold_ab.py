@@ -9,7 +9,7 @@ arrival to its repaint (``TableActions.on_event``); B, only the key's action is 
 ``--what copy``: A, the background diagnosis's copy is taken a slice of ranks at a time, its
 status index taken along (``tui/background_findings``, ``model/sliced_copy``); B, the copy is
 taken whole in one message and its index built anew by the diagnosis. ``--what linger``: A, the
-diagnosis waits on until 0.25 s after a person's key (at most a second at a time); B, only
+diagnosis waits on until 0.25 s after a person's key (at most two seconds at a time); B, only
 while the UI is busy (at most a quarter second at a time). In each turn, over four of a big
 job's background diagnoses: keys pressed while one runs, and keys pressed between them (a
 sort key every fifth, as ``bench/tui_scale.py``), 50 ms apart, as a person presses them, not

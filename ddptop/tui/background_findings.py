@@ -32,9 +32,11 @@ from ddptop.tui.widgets.header import JobHeader
 # move key of 5 ms of UI work took 15-30 ms during a diagnosis, 5-15 ms of it the diagnosis's.
 KEY_LINGER_S = 0.25
 # ...at most this long at a time, then as long freely (ddptop.source.GiveWay): keys pressed
-# without end halve the diagnosis's pace at worst. Longer than the source's bound: findings
-# can wait a second, the events of 32,768 ranks not.
-DIAGNOSIS_MAX_WAIT_S = 1.0
+# without end halve the diagnosis's pace at worst. Longer than a run of keys (forty keys back
+# to back, an arrow key held down: about 1.5 s at 32,768 ranks), so that one run meets no free
+# pass; and longer than the source's bound: findings come every 6-8 s at that size anyway,
+# the events of 32,768 ranks cannot wait.
+DIAGNOSIS_MAX_WAIT_S = 2.0
 
 
 class BackgroundFindings(App[int]):
