@@ -53,10 +53,8 @@ class SlicedCopy:
         ranks, todo = self.model.ranks, self._todo
         if self._at < len(todo):
             views = self._views
-            for rank in todo[self._at:self._at + self._slice]:
-                view = ranks.get(rank)
-                if view is not None:
-                    views[rank] = view_copy(view)
+            for rank in todo[self._at:self._at + self._slice]:  # a model never drops a rank
+                views[rank] = view_copy(ranks[rank])
             self._at += self._slice
             return None
         return self._finish()

@@ -129,7 +129,6 @@ class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
         self._buffer = EventBuffer(self._wake)
         self._started = False
         self._cadence = Cadence()  # a big job's rate rules every 10 s
-        self.diagnosis_waited_s = 0.0  # how long background diagnoses waited for the busy UI
         self._switch_before = sys.getswitchinterval()  # the interpreter's, restored at unmount
         self._rows = RowBuilder()  # rows of unchanged ranks are reused between redraws
         self._index: RowIndex | None = None  # above GROUP_FROM_RANKS: visible rows and groups
