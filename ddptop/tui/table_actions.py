@@ -8,6 +8,9 @@ that the app keeps to wiring and redrawing; each key pushes a screen
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
+
 from textual import events
 from textual.app import App
 
@@ -30,6 +33,12 @@ class TableActions(App[int]):
     model: JobModel  # set by the app: the job as shown
     replay = False  # set by the app: whether the source replays a recording
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Keys sent on to the focused widget, with their holds' releases, until they come back
+        # to the app; one a widget kept for itself falls off the end.
+        self._held_keys: deque[tuple[events.Key, Callable[[], None]]] = deque(maxlen=64)
+
     def now(self) -> float:
         """The time the dashboard shows (the app's clock, or the replay's position)."""
         raise NotImplementedError
@@ -50,8 +59,21 @@ class TableActions(App[int]):
         try:
             await super().on_event(event)  # an app binding, or the key sent on to the focused widget
         finally:
-            # Behind the key in the queue of whoever got it, then after the repaint that follows.
-            (self.focused or self.screen).call_after_refresh(release)
+            if event.is_forwarded:  # released when it comes back to the app (on_key)
+                self._held_keys.append((event, release))
+            else:  # a priority binding, run above: after the repaint that follows
+                self.call_after_refresh(release)
+
+    def on_key(self, event: events.Key) -> None:
+        """A key back from the focused widget, its bindings run next by Textual's ``App._on_key``
+        in this same dispatch: its hold is released after the repaint that follows. (Released
+        from the widget's queue instead, it could go before the binding's action ran.) A key a
+        widget keeps for itself is released by the timer."""
+        for i, (held, release) in enumerate(self._held_keys):
+            if held is event:
+                del self._held_keys[i]
+                self.call_after_refresh(release)
+                return
 
     def on_rank_table_chosen(self, message: RankTable.Chosen) -> None:
         """Enter on a row: the rank's detail."""
