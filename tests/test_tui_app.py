@@ -293,6 +293,27 @@ def test_a_key_goes_between_the_slices_of_the_background_diagnosis_s_copy() -> N
     asyncio.run(go())
 
 
+def test_no_automatic_collection_while_the_background_diagnosis_holds_its_copy() -> None:
+    """The diagnosis's copy of a big job is freed by reference counting when it returns: the
+    collector is paused from its first slice until then (ddptop.client.collector), and after."""
+    async def go() -> None:
+        n = BACKGROUND_FINDINGS_RANKS + 44
+        source = FakeSource(entries([state(r, world=n) for r in range(n)]))
+        was_enabled = gc.isenabled()
+        app = DdptopApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: len(app.model.ranks) == n and not app._diagnosing
+                        and not app.collector.held, timeout=30.0)
+            assert gc.isenabled() == was_enabled and not app.collector.paused
+            app.copy_slice_ranks = 64  # five slices and the last step
+            app.redraw(fresh_findings=True)  # its first slice now
+            assert app._copying is not None and app.collector.paused and not gc.isenabled()
+            await until(pilot, lambda: not app._diagnosing, timeout=60.0)
+            assert not app.collector.paused and gc.isenabled() == was_enabled
+
+    asyncio.run(go())
+
+
 def test_a_key_holds_the_ui_busy_from_its_arrival_until_its_repaint() -> None:
     """A move key's action is not a busy block of its own, yet the threads that give way
     (the source's, the background diagnosis) wait through it: the key holds the UI from its
@@ -315,6 +336,42 @@ def test_a_key_holds_the_ui_busy_from_its_arrival_until_its_repaint() -> None:
             await until(pilot, lambda: not source.foreground.is_busy)
             assert seen == [True] and table.cursor == 1
             assert source.foreground.key_released_at > before  # a key: the diagnosis lingers after it
+
+    asyncio.run(go())
+
+
+def test_events_that_come_while_a_key_is_on_its_way_are_folded_once_it_is_shown() -> None:
+    """The UI's upkeep waits for a person's key (ddptop.tui.key_first): events that arrive while
+    a key is on its way stay in the buffer, and are all folded after its repaint."""
+    async def go() -> None:
+        source = mismatch_job()
+        app = DdptopApp(source, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one(RankTable)
+            await until(pilot, lambda: len(table.shown_rows) == 4)
+            assert source.emit is not None
+            emit, model = source.emit, app.model
+            keys_on_their_way: list[int] = []  # at each event folded
+            apply = model.apply
+
+            def spied_apply(event: object, *inner: object) -> None:
+                if not inner:  # the fold's call (a RecordEntry applies its message again)
+                    keys_on_their_way.append(app.key_first.in_flight)
+                apply(event, *inner)  # type: ignore[arg-type]
+            model.apply = spied_apply  # type: ignore[method-assign]
+            move = table.action_cursor
+
+            def spied(delta: int) -> None:
+                for event in entries([state(r, step=2000) for r in range(4)]):
+                    emit(event)  # wakes the app: its fold is queued behind this key
+                move(delta)
+            table.action_cursor = spied  # type: ignore[method-assign]
+            await pilot.press("down")
+            await until(pilot, lambda: all(v.base is not None and v.base.step == 2000
+                                           for v in model.ranks.values()))
+            assert table.cursor == 1
+            assert app.key_first.put_off >= 1  # the fold came while the key was on its way, and waited
+            assert len(keys_on_their_way) == 4 and set(keys_on_their_way) == {0}
 
     asyncio.run(go())
 

@@ -92,3 +92,43 @@ def test_the_old_policy_holds_nothing(restored: None) -> None:
     collector.start()
     assert gc.isenabled() and not collector.held and gc.get_threshold()[0] == GC_THRESHOLD_0
     collector.stop()
+
+
+def test_a_pause_holds_collections_off_until_resumed_and_nests_with_the_attach(restored: None) -> None:
+    gc.enable()
+    collector = ViewerCollector(Clock())
+    collector.start()
+    resume_a = collector.pause()  # during the attach: both keep it off
+    assert collector.attached(FREEZE_FROM_RANKS - 1, settled=True)
+    assert not gc.isenabled() and collector.paused  # released from the attach, still paused
+    resume_b = collector.pause()
+    resume_a()
+    resume_a()  # once counts
+    assert not gc.isenabled() and collector.paused
+    resume_b()
+    assert gc.isenabled() and not collector.paused
+    collector.stop()
+
+
+def test_a_pause_resumed_after_stop_changes_nothing(restored: None) -> None:
+    gc.enable()
+    collector = ViewerCollector(Clock())
+    collector.start()
+    collector.attached(FREEZE_FROM_RANKS - 1, settled=True)
+    resume = collector.pause()
+    assert not gc.isenabled()
+    collector.stop()  # the viewer went while its diagnosis ran
+    assert gc.isenabled() and not collector.paused
+    gc.disable()  # whatever the process does next is its own
+    resume()  # the diagnosis's thread ends late
+    assert not gc.isenabled() and not collector.paused
+
+
+def test_without_the_hold_a_pause_is_no_pause(restored: None) -> None:
+    gc.enable()
+    collector = ViewerCollector(Clock(), hold=False, freeze=False)
+    collector.start()
+    resume = collector.pause()
+    assert gc.isenabled() and not collector.paused
+    resume()
+    collector.stop()

@@ -62,6 +62,9 @@ UI_SWITCH_INTERVAL_S = 0.001
 # pressed meanwhile is handled after the slice, not after the whole backlog (at 32,768 ranks a
 # quarter of a second of pulses is tens of ms to fold and absorb).
 FOLD_SLICE_S = 0.008
+# ...and absorbs the folded ranks into the row index this many at a time (2-5 us each at
+# 32,768 ranks: a quarter of a second of pulses is 8,000 ranks, 20-60 ms in one piece).
+ABSORB_SLICE_RANKS = 2048
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh", "cycle_view"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
 
@@ -180,6 +183,8 @@ class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
 
     def on_events_ready(self, _message: EventsReady) -> None:
         """Fold every waiting event into the model; the timer redraws."""
+        if self.key_first.waits("fold"):  # the events stay in the buffer until the key is shown
+            return
         events = self._buffer.drain()
         if self._buffer.dropped:  # the next redraw says so: what is shown lags the job
             for header in self.query(JobHeader):  # none while the app shuts down
@@ -202,10 +207,23 @@ class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
         self._dirty = self._dirty or bool(events)
 
     def on_absorb_ready(self, _message: AbsorbReady) -> None:
-        """The row index takes in the ranks folded since (the redraw takes in what is left)."""
-        if (index := self._model_index()) is not None:
+        """The row index takes in the ranks folded since (the redraw takes in what is left), a
+        slice of ABSORB_SLICE_RANKS at a time, each behind what came meanwhile."""
+        if (index := self._model_index()) is not None and not self.key_first.waits("absorb"):
             with self.source.foreground.busy():
-                index.absorb()
+                if index.absorb(ABSORB_SLICE_RANKS):
+                    self.post_message(AbsorbReady())
+
+    def resume_upkeep(self, kind: str) -> None:
+        """Upkeep that waited for a person's keys (``ddptop.tui.key_first``) is asked for again."""
+        if kind == "fold":
+            self.post_message(EventsReady())
+        elif kind == "absorb":
+            self.post_message(AbsorbReady())
+        elif kind == "redraw":
+            self.call_later(self._tick)
+        elif kind == "copy":
+            self.call_later(self._copy_step)
 
     def now(self) -> float:
         """The moment shown: the clock (live) or the timeline position (replay)."""
@@ -224,8 +242,8 @@ class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
         since = wall - self._last_redraw
         # Half a timer period of slack: the timer's ticks come one interval apart, and the
         # last redraw ended a little after its tick.
-        if (self._dirty and since >= self.redraw_period() - self.redraw_interval / 2) \
-                or since >= QUIET_REDRAW_S:
+        if ((self._dirty and since >= self.redraw_period() - self.redraw_interval / 2)
+                or since >= QUIET_REDRAW_S) and not self.key_first.waits("redraw"):
             self.redraw()
 
     def _job_size(self) -> int:  # ranks heard from, or announced by a world size: the more

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from textual.app import App
 
+from ddptop.client.collector import ViewerCollector
 from ddptop.diagnosis.finding import Finding
 from ddptop.model.job import JobModel
 from ddptop.model.pace import giving_way
 from ddptop.model.sliced_copy import SLICE_RANKS, SlicedCopy
 from ddptop.source import JobSource
 from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
+from ddptop.tui.key_first import KeyFirst
 from ddptop.tui.widgets.findings_panel import FindingsPanel
 from ddptop.tui.widgets.header import JobHeader
 
@@ -54,6 +57,9 @@ class BackgroundFindings(App[int]):
     _copying: SlicedCopy | None = None
     copy_slice_ranks = SLICE_RANKS  # views copied per message
     diagnosis_waited_s = 0.0  # how long background diagnoses waited for the busy UI
+    key_first: KeyFirst  # set by TableActions: upkeep waits while a key is on its way
+    collector: ViewerCollector  # set by the app: the process's garbage collector policy
+    _collection_resume: Callable[[], None] = staticmethod(lambda: None)  # the copy's pause
 
     def now(self) -> float:
         """The time the dashboard shows (the app's clock, or the replay's position)."""
@@ -62,6 +68,9 @@ class BackgroundFindings(App[int]):
     def _diagnose_in_background(self) -> None:
         """Begin a diagnosis of the model as it is when its copy is done."""
         self._diagnosing = True
+        # No automatic collection while the copy lives: freed by reference counting when the
+        # diagnosis returns, it is never walked (ddptop.client.collector says what that saved).
+        self._collection_resume = self.collector.pause()
         self._copying = SlicedCopy(self.model, self.copy_slice_ranks)
         self._copy_step()
 
@@ -72,6 +81,9 @@ class BackgroundFindings(App[int]):
         if copier.model is not self.model or not self.is_running:  # another model shown, or shut down
             copier.cancel()
             self._copying, self._diagnosing = None, False
+            self._collection_resume()
+            return
+        if self.key_first.waits("copy"):  # a key on its way goes first (ddptop.tui.key_first)
             return
         job = copier.step()
         if job is None:
@@ -95,6 +107,7 @@ class BackgroundFindings(App[int]):
         # Its long passes wait while the UI is busy (a key, a redraw): sharing the GIL with
         # the diagnosis took keys twice as long (ddptop.model.pace).
         waiter = self.source.foreground.waiter(KEY_LINGER_S, DIAGNOSIS_MAX_WAIT_S)
+        resume_collection = self._collection_resume
 
         def work() -> None:
             began = time.monotonic()
@@ -106,6 +119,7 @@ class BackgroundFindings(App[int]):
                 # against 42 ms at 32k): the pace keeps it to a share of the time.
                 self.diagnosis_waited_s += waiter.gave_way_s
                 self._pace.took(time.monotonic() - began)
+                resume_collection()  # the copy is freed by now (popped, and its frame gone)
                 self._diagnosing = False
             self.call_from_thread(self._show_findings, found)
 

@@ -16,6 +16,7 @@ from textual.app import App
 
 from ddptop.model.job import JobModel
 from ddptop.source import JobSource
+from ddptop.tui.key_first import KeyFirst
 from ddptop.tui.screens.detail import RankDetail
 from ddptop.tui.screens.filter import FilterPrompt
 from ddptop.tui.screens.stacks import StacksScreen
@@ -38,6 +39,10 @@ class TableActions(App[int]):
         # Keys sent on to the focused widget, with their holds' releases, until they come back
         # to the app; one a widget kept for itself falls off the end.
         self._held_keys: deque[tuple[events.Key, Callable[[], None]]] = deque(maxlen=64)
+        self.key_first = KeyFirst()  # the UI's upkeep waits while a key is on its way
+
+    def resume_upkeep(self, kind: str) -> None:
+        """Ask again for upkeep of *kind* that waited for keys (:mod:`ddptop.tui.key_first`)."""
 
     def now(self) -> float:
         """The time the dashboard shows (the app's clock, or the replay's position)."""
@@ -54,7 +59,7 @@ class TableActions(App[int]):
         if not isinstance(event, events.Key) or event.is_forwarded:
             await super().on_event(event)
             return
-        release = self.source.foreground.hold(key=True)
+        release = self._hold_for_key()
         self.set_timer(KEY_HOLD_MAX_S, release)
         try:
             await super().on_event(event)  # an app binding, or the key sent on to the focused widget
@@ -63,6 +68,22 @@ class TableActions(App[int]):
                 self._held_keys.append((event, release))
             else:  # a priority binding, run above: after the repaint that follows
                 self.call_after_refresh(release)
+
+    def _hold_for_key(self) -> Callable[[], None]:
+        # The threads that give way wait, and the UI's own upkeep (KeyFirst), until released
+        # (once counts: the repaint's release and the timer's).
+        hold = self.source.foreground.hold(key=True)
+        self.key_first.arrived()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                hold()
+                for kind in self.key_first.shown():
+                    self.resume_upkeep(kind)
+        return release
 
     def on_key(self, event: events.Key) -> None:
         """A key back from the focused widget, its bindings run next by Textual's ``App._on_key``
