@@ -68,6 +68,7 @@ class FakeAgents:
         self._recent_tick: dict[int, int] = {}  # rank -> the tick of the newest one kept
         self._stuck_sent: set[int] = set()  # silent ranks whose stuck report went to subscribers
         self._lanes: dict[int, DigestBuilder] = {}  # node -> its digest lane, while a viewer asked
+        self._flushed: dict[int, int] = {}  # node -> the tick of its lane's last digest
         self.catchup_samples = max(1, min(CATCHUP_SAMPLES, CATCHUP_BUDGET // fake.n))
         try:
             for node in range(fake.n_nodes):
@@ -89,6 +90,7 @@ class FakeAgents:
         lane = self._lanes.get(node)
         if lane is not None and not server.digest_peers:
             del self._lanes[node]  # its last viewer left: the next one starts from a catch-up
+            self._flushed.pop(node, None)
             lane = None
         if not server.subscribers and lane is None:
             return  # nobody listening: build nothing (most of 4,096 agents, most ticks)
@@ -114,9 +116,14 @@ class FakeAgents:
                 self._stuck_sent.add(rank)
                 stacks = proto.StacksMsg.of_stuck(report)
                 server.broadcast(RecordEntry(time=report.time, rank=rank, message=stacks), digest=True)
-        if lane is not None and (tick + node) % lane.span == 0:
+        if lane is not None and ((tick + node) % lane.span == 0
+                                 or tick - self._flushed.get(node, tick) >= lane.span):
             # A wide job's digest spans lane.span ticks, as a real agent's; nodes take turns,
-            # as real agents, started apart, do.
+            # as real agents, started apart, do. A turn the generator skipped (it fell behind
+            # by more than an interval: see SyntheticJob._run) is taken at the node's next tick,
+            # as a real agent's timer would: skipped, it kept the node's ranks 2 s longer
+            # without news (healthy ranks turned stale at 32,768 ranks while viewers attached).
+            self._flushed[node] = tick
             server.broadcast(lane.flush(now), digest=True)
 
     def close(self) -> None:
