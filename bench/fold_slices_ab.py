@@ -1,7 +1,7 @@
 """A/B of the dashboard's folding and redrawing at scale, one run.
 
-Run: ``.venv/bin/python bench/fold_slices_ab.py [--what slices|period|absorb] [--ranks 32768]
-[--turns 6] [--idle]``.
+Run: ``.venv/bin/python bench/fold_slices_ab.py [--what slices|period|absorb|upkeep|pause]
+[--ranks 32768] [--turns 6] [--idle]``.
 
 One synthetic job through the node agents' digest lane; the real app headless, measured by
 ``bench/tui_scale.py``'s own ``_tui`` (redraw cycle, key p95, sort and move keys, UI CPU),
@@ -11,7 +11,12 @@ turns alternating A (today's) and B, on a busy node unless ``--idle``
 * ``slices``: one fold per wake-up instead of slices of ``FOLD_SLICE_S``;
 * ``period``: a redraw every ``redraw_interval`` at any size (no ``SLOW_REDRAW_S``);
 * ``absorb``: the row index's absorb at the end of each slice, in the same message (as before
-  ``AbsorbReady``).
+  ``AbsorbReady``);
+* ``upkeep``: folding, absorbing, the timer's redraw and the diagnosis's copy slices run while a
+  key is on its way (as before ``tui/key_first``), and the absorb takes every folded rank at once
+  (as before ``ABSORB_SLICE_RANKS``);
+* ``pause``: automatic collections run while a background diagnosis holds its copy (as before
+  ``ViewerCollector.pause``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +35,9 @@ import tui_scale
 from busy_node import node
 
 import ddptop.tui.app as app_module
+from ddptop.client.collector import ViewerCollector
 from ddptop.tui.app import DdptopApp, EventsReady
+from ddptop.tui.key_first import KeyFirst
 
 SHOWN = ("cycle_ms", "key_p95_ms", "sort_key_median_ms", "move_key_median_ms", "ui_ms_per_s")
 
@@ -56,20 +64,33 @@ def set_way(what: str, today: bool) -> None:
     app_module.SLOW_REDRAW_FROM_RANKS = SLOW_FROM if today or what != "period" else 1 << 62
     DdptopApp.on_events_ready = (  # type: ignore[method-assign]
         ON_EVENTS if today or what != "absorb" else absorb_in_slice)
+    KeyFirst.waits = WAITS if today or what != "upkeep" else _never  # type: ignore[method-assign]
+    app_module.ABSORB_SLICE_RANKS = ABSORB_SLICE if today or what != "upkeep" else 1 << 62
+    ViewerCollector.pause = PAUSE if today or what != "pause" else _no_pause  # type: ignore[method-assign]
+
+
+def _never(self: KeyFirst, kind: str) -> bool:
+    return False
+
+
+def _no_pause(self: ViewerCollector) -> Callable[[], None]:
+    return lambda: None
 
 
 SLICE_S, SLOW_FROM = app_module.FOLD_SLICE_S, app_module.SLOW_REDRAW_FROM_RANKS
 ON_EVENTS = DdptopApp.on_events_ready
+WAITS, ABSORB_SLICE, PAUSE = KeyFirst.waits, app_module.ABSORB_SLICE_RANKS, ViewerCollector.pause
 
 
 def main() -> int:
     """Alternate the two ways on one generator; print the turns and the medians."""
     parser = tui_scale.ab_parser(__doc__.split("\n")[0])
-    parser.add_argument("--what", choices=("slices", "period", "absorb"), default="slices")
+    parser.add_argument("--what", choices=("slices", "period", "absorb", "upkeep", "pause"), default="slices")
     args = parser.parse_args()
     n = args.ranks
     gen = tui_scale.digest_job(n, f"ab{n}")
-    names = {"slices": ("slices", "whole"), "period": ("period", "every"), "absorb": ("message", "inline")}
+    names = {"slices": ("slices", "whole"), "period": ("period", "every"), "absorb": ("message", "inline"),
+             "upkeep": ("waits", "runs"), "pause": ("paused", "free")}
     a, b = names[args.what]
     results: dict[str, list[dict[str, float]]] = {a: [], b: []}
     try:
