@@ -13,8 +13,7 @@ turns alternating A (today's) and B, on a busy node unless ``--idle``
 * ``absorb``: the row index's absorb at the end of each slice, in the same message (as before
   ``AbsorbReady``);
 * ``upkeep``: folding, absorbing, the timer's redraw and the diagnosis's copy slices run while a
-  key is on its way (as before ``tui/key_first``), and the absorb takes every folded rank at once
-  (as before ``ABSORB_SLICE_RANKS``);
+  key is on its way (as before ``tui/key_first``);
 * ``pause``: automatic collections run while a background diagnosis holds its copy (as before
   ``ViewerCollector.pause``).
 """
@@ -65,7 +64,6 @@ def set_way(what: str, today: bool) -> None:
     DdptopApp.on_events_ready = (  # type: ignore[method-assign]
         ON_EVENTS if today or what != "absorb" else absorb_in_slice)
     KeyFirst.waits = WAITS if today or what != "upkeep" else _never  # type: ignore[method-assign]
-    app_module.ABSORB_SLICE_RANKS = ABSORB_SLICE if today or what != "upkeep" else 1 << 62
     ViewerCollector.pause = PAUSE if today or what != "pause" else _no_pause  # type: ignore[method-assign]
 
 
@@ -79,7 +77,7 @@ def _no_pause(self: ViewerCollector) -> Callable[[], None]:
 
 SLICE_S, SLOW_FROM = app_module.FOLD_SLICE_S, app_module.SLOW_REDRAW_FROM_RANKS
 ON_EVENTS = DdptopApp.on_events_ready
-WAITS, ABSORB_SLICE, PAUSE = KeyFirst.waits, app_module.ABSORB_SLICE_RANKS, ViewerCollector.pause
+WAITS, PAUSE = KeyFirst.waits, ViewerCollector.pause
 
 
 def main() -> int:

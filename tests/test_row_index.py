@@ -67,30 +67,24 @@ def test_ranks_view_equals_build_rows(stream: list[tuple[Event, bool]]) -> None:
         assert _rows(index, now) == build_rows(model, now)
 
 
-# What the app does between two refreshes: fold a batch of events and absorb it (whole, or a
-# slice of one rank as the app's slices of ABSORB_SLICE_RANKS), or paint.
-between = st.sampled_from(["absorb", "absorb", "slice", "paint", "nothing"])
+# What the app does between two refreshes: fold a batch of events and absorb it, or paint.
+between = st.sampled_from(["absorb", "absorb", "paint", "nothing"])
 
 
 @settings(max_examples=150, deadline=None)
 @given(streams, st.lists(between, min_size=60, max_size=60))
 def test_ranks_absorbed_between_refreshes_give_the_rows_of_a_fresh_build(
         stream: list[tuple[Event, bool]], doings: list[str]) -> None:
-    """absorb() folds ranks as their events arrive with their word but for the clock, all of them
-    or a slice; a refresh then redoes the ones the clock changed and takes the rest: its rows
-    equal build_rows, at any later moment too. Rows painted in between (absorbed ranks in the
-    groups of the last refresh) never fail."""
+    """absorb() folds ranks as their events arrive with their word but for the clock; a refresh
+    then redoes the ones the clock changed: its rows equal build_rows, at any later moment too.
+    Rows painted in between (absorbed ranks in the groups of the last refresh) never fail."""
     model = JobModel()
     index = RowIndex(model, view="odd")
     shown: RowSequence | None = None
     for (event, read), doing in zip(stream, doings, strict=False):
         model.apply(event)
         if doing == "absorb":
-            assert index.absorb() is False
-        elif doing == "slice":
-            left = len(index._dirty)
-            assert index.absorb(1) is (left > 1)  # True while ranks are left for another call
-            assert len(index._dirty) == max(0, left - 1)
+            index.absorb()
         elif doing == "paint" and shown is not None:
             list(shown)
             _same_order(index, shown)

@@ -62,9 +62,6 @@ UI_SWITCH_INTERVAL_S = 0.001
 # pressed meanwhile is handled after the slice, not after the whole backlog (at 32,768 ranks a
 # quarter of a second of pulses is tens of ms to fold and absorb).
 FOLD_SLICE_S = 0.008
-# ...and absorbs the folded ranks into the row index this many at a time (2-5 us each at
-# 32,768 ranks: a quarter of a second of pulses is 8,000 ranks, 20-60 ms in one piece).
-ABSORB_SLICE_RANKS = 2048
 _MAIN_ONLY = {"stacks", "export", "filter", "sort", "toggle_order", "pause", "refresh", "cycle_view"}
 _REPLAY_ONLY = {"step", "edge", "first_finding", "play", "speed"}
 
@@ -207,12 +204,10 @@ class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
         self._dirty = self._dirty or bool(events)
 
     def on_absorb_ready(self, _message: AbsorbReady) -> None:
-        """The row index takes in the ranks folded since (the redraw takes in what is left), a
-        slice of ABSORB_SLICE_RANKS at a time, each behind what came meanwhile."""
+        """The row index takes in the ranks folded since (the redraw takes in what is left)."""
         if (index := self._model_index()) is not None and not self.key_first.waits("absorb"):
             with self.source.foreground.busy():
-                if index.absorb(ABSORB_SLICE_RANKS):
-                    self.post_message(AbsorbReady())
+                index.absorb()
 
     def resume_upkeep(self, kind: str) -> None:
         """Upkeep that waited for a person's keys (``ddptop.tui.key_first``) is asked for again."""

@@ -16,7 +16,6 @@ expands it in place.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import islice
 from typing import cast
 
 from ddptop.diagnosis.desync import (
@@ -110,24 +109,18 @@ class RowIndex:
         self._odd_by_key = None
         return self._sequence()
 
-    def absorb(self, limit: int | None = None) -> bool:
-        """The per-rank part of :meth:`refresh` for the ranks changed since (at most *limit* of
-        them), done as their events arrive (the app calls it after each fold of events): at
-        32,768 ranks a redraw then has a few hundred ranks left, not 8,000, and a key waits for
-        slices of work. True when changed ranks are left for another call."""
+    def absorb(self) -> None:
+        """The per-rank part of :meth:`refresh` for the ranks changed since, done as their
+        events arrive (the app calls it after each fold of events): at 32,768 ranks a redraw
+        then has a few hundred ranks left, not 8,000, and a key waits for slices of work."""
         if self._dirty:
-            if limit is None or len(self._dirty) <= limit:
-                changed = set(self._dirty)
-                self._dirty.clear()
-            else:
-                changed = set(islice(self._dirty, limit))
-                self._dirty -= changed
+            changed = set(self._dirty)
+            self._dirty.clear()
             self._fold_ranks(changed, self.model.status_words())
             self._absorbed |= changed
             if self._odd_by_key is not None and not changed.isdisjoint(self.marks):
                 # An odd rank moved: a group painted from now on leaves it out where it is now.
                 self._odd_by_key = None
-        return bool(self._dirty)
 
     def _fold_ranks(self, changed: set[int], statuses: dict[int, str]) -> None:
         views, facts, detail = self.model.ranks, self._facts, self._detail
