@@ -115,11 +115,11 @@ class Foreground:
         finally:
             release()
 
-    def hold(self, key: bool = False) -> Callable[[], None]:
+    def hold(self, key: bool = False, then: Callable[[], None] | None = None) -> Callable[[], None]:
         """The UI is busy from now until the returned release is called (once counts; later
         calls do nothing): a key from its arrival until the screen shows what it did, through
         Textual's steps between its handlers, which :meth:`busy` blocks do not cover. A *key*'s
-        release is the moment a waiter with a linger counts from."""
+        release is the moment a waiter with a linger counts from; *then* runs after the release."""
         self._depth += 1
         self._free.clear()
         released = False
@@ -133,6 +133,8 @@ class Foreground:
                 self._depth -= 1
                 if not self._depth:
                     self._free.set()
+                if then is not None:
+                    then()
         return release
 
     def give_way(self) -> None:

@@ -147,3 +147,13 @@ def test_keys_without_end_cannot_starve_a_lingering_waiter() -> None:
     waited = diagnosis.gave_way_s
     diagnosis()  # its free pass
     assert diagnosis.gave_way_s == waited
+
+
+def test_a_hold_runs_its_then_once_after_the_release() -> None:
+    fg = Foreground()
+    seen: list[bool] = []
+    release = fg.hold(key=True, then=lambda: seen.append(fg.is_busy))
+    assert fg.is_busy and seen == []
+    release()
+    release()  # once counts: the repaint's release and the timer's
+    assert seen == [False]

@@ -72,18 +72,12 @@ class TableActions(App[int]):
     def _hold_for_key(self) -> Callable[[], None]:
         # The threads that give way wait, and the UI's own upkeep (KeyFirst), until released
         # (once counts: the repaint's release and the timer's).
-        hold = self.source.foreground.hold(key=True)
         self.key_first.arrived()
-        released = False
+        return self.source.foreground.hold(key=True, then=self._key_shown)
 
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                hold()
-                for kind in self.key_first.shown():
-                    self.resume_upkeep(kind)
-        return release
+    def _key_shown(self) -> None:
+        for kind in self.key_first.shown():
+            self.resume_upkeep(kind)
 
     def on_key(self, event: events.Key) -> None:
         """A key back from the focused widget, its bindings run next by Textual's ``App._on_key``
