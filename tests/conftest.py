@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from ddptop.testing.synthetic import SyntheticProcess
+from tests.hermetic import SESSION_ENV, SessionDirs
 from tests.jobs import JobRunner
 from tests.story_check import checked
 from tests.watched import Watched
@@ -82,6 +83,11 @@ def generators() -> Iterator[list[SyntheticProcess]]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Hermetic (#49): the session's own runtime directory and a watched trap where the
+    # machine's default would be, made once by the controller; xdist's workers and every
+    # process a test starts inherit them (tests/hermetic.py).
+    if SESSION_ENV not in os.environ:
+        config.stash[_SESSION_DIRS] = SessionDirs.start()
     # Ranks and viewers started by tests must never pick up a developer's token.
     os.environ.pop("DDPTOP_TOKEN", None)
     # pytest-textual-snapshot writes its HTML report of failed snapshots into the current
@@ -89,6 +95,34 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--snapshot-report", None) == SNAPSHOT_REPORT_DEFAULT:
         report = Path(tempfile.gettempdir()) / f"ddptop-snapshot-report-{os.getuid()}.html"
         config.option.snapshot_report = str(report)
+
+
+_SESSION_DIRS = pytest.StashKey[SessionDirs]()
+_HERMETIC_FAILURES = pytest.StashKey[tuple[list[str], list[str]]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    dirs = session.config.stash.get(_SESSION_DIRS, None)
+    if dirs is None:
+        return
+    failures, warnings = dirs.finish()
+    session.config.stash[_HERMETIC_FAILURES] = (failures, warnings)
+    if failures and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    failures, warnings = terminalreporter.config.stash.get(_HERMETIC_FAILURES, ([], []))
+    if failures:
+        terminalreporter.section("not hermetic: a test read or wrote the default runtime directory",
+                                 red=True)
+        for line in failures[:50]:
+            terminalreporter.line(line)
+        terminalreporter.line("the session fails: give the process a runtime directory of its own (the "
+                              "runtime_dir or job_runner fixture, or DDPTOP_RUNTIME_DIR in its environment)")
+    for line in warnings[:10]:
+        terminalreporter.line(f"warning: written while the suite ran, not by it: {line}")
 
 
 # Property tests: repeatable in CI (derandomized, no example database), no deadline on a

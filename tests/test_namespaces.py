@@ -57,8 +57,10 @@ def private_tmp_process() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     # $$: the shell's pid, which `exec sleep` keeps
     script = (f"mount -t tmpfs tmpfs /tmp && mkdir -m 700 {rt} && printf '{record}' $$ > {rt}/{job}.0.json "
               f"&& echo ready && exec sleep 60")
+    # Its environment names no runtime directory: /tmp/ddptop-UID, in its own /tmp.
+    env = {k: v for k, v in os.environ.items() if k not in ("DDPTOP_RUNTIME_DIR", "XDG_RUNTIME_DIR")}
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            stdout=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, start_new_session=True, env=env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         yield proc, job

@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 
 from ddptop.proctree import stop_tree
+from ddptop.store import discovery, proc_start
+from ddptop.store.discovery import Endpoint
 from tests.jobs import BIN, PROBES, ROOT, ddptop_cmd
 
 pytestmark = pytest.mark.slow
@@ -43,22 +45,43 @@ WHY_NOT = _why_not()
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """The host's view: no DDPTOP_RUNTIME_DIR, so /tmp/ddptop-UID, the machine's own /tmp."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPTOP_")}
+    """The container's: no DDPTOP_RUNTIME_DIR nor XDG_RUNTIME_DIR, so /tmp/ddptop-UID, its own /tmp."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPTOP_") and k != "XDG_RUNTIME_DIR"}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                **extra)
     return env
 
 
+def _host_env() -> dict[str, str]:
+    """The host's shell: its own runtime directory (the test session's, never the machine's:
+    tests are hermetic, tests/hermetic.py), where the container's records are not."""
+    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def _plant_an_ended_job(job_id: str) -> None:
+    """What a host that ran a job of this id before keeps (#49): the four entries of an ended
+    job of the same id in the host's runtime directory, one pid gone, one taken by a later
+    process (this test's own), written by the product's own writer."""
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    an_hour_ago = time.time() - 3600
+    for rank, pid in enumerate([gone.pid, gone.pid, os.getpid(), gone.pid]):
+        discovery.write_entry(Endpoint(job_id=job_id, rank=rank, world_size=4, host="host-of-old",
+                                       port=45000 + rank, pid=pid, start_time=an_hour_ago, node="host-of-old",
+                                       proc_start=proc_start.own_start_ticks() + 1))
+
+
 @pytest.fixture
-def container(tmp_path: Path,
+def container(tmp_path: Path, runtime_dir: Path,
               request: pytest.FixtureRequest) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A 4-rank job under ``ddptop launch`` in a private /tmp (and a private network when the
-    test is parametrised so); yields (job id, the namespace's first process)."""
+    test is parametrised so); yields (job id, the namespace's first process). The host's
+    shell has *runtime_dir* as its own, which holds an ended job of the same id."""
     if WHY_NOT:
         pytest.skip(WHY_NOT)
     own_network = bool(getattr(request, "param", False))
     job_id = f"ctr{uuid.uuid4().hex[:8]}"
+    _plant_an_ended_job(job_id)
     inner = ddptop_cmd("launch", "--job-id", job_id, "--interval", "0.25", "--", str(BIN / "torchrun"),
                        "--standalone", "--nproc-per-node", "4", str(PROBES / "healthy.py"))
     # The image: the checkout (and its .venv) stays visible at its path even where it lies
@@ -84,7 +107,8 @@ def container(tmp_path: Path,
 
 def _snapshot(job_id: str, prefix: list[str] | None = None) -> tuple[int, Any, str]:
     res = subprocess.run([*(prefix or []), *ddptop_cmd("snapshot", "--json", "--timeout", "2", job_id)],
-                         env=_env(), capture_output=True, text=True, timeout=60, check=False)
+                         env=_env() if prefix else _host_env(), capture_output=True, text=True, timeout=60,
+                         check=False)
     doc = json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else None
     return res.returncode, doc, res.stderr
 
@@ -107,12 +131,15 @@ def test_a_job_in_a_private_tmp_is_found_from_the_hosts_shell(
     job_id, _proc = container
     doc = _wait_training(job_id)
     assert doc["job"]["id"] == job_id and not doc["job"]["unreachable"], doc["job"]
+    # The host's own directory held an ended job of the same id (#49): live beats stale.
+    assert {r["host"] for r in doc["ranks"]} != {"host-of-old"}, doc["ranks"]
     # Not from the host's /tmp: nothing of the job is there.
     assert not list(Path(f"/tmp/ddptop-{os.getuid()}").glob(f"{job_id}.*")), "records leaked into /tmp"
-    res = subprocess.run(ddptop_cmd("jobs", "--json"), env=_env(), capture_output=True, text=True, timeout=60,
-                         check=False)
-    row = next(r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == job_id)
-    assert row["runtime_dir"].startswith("/proc/") and row["alive"] == 4, row
+    res = subprocess.run(ddptop_cmd("jobs", "--all", "--json"), env=_host_env(), capture_output=True,
+                         text=True, timeout=60, check=False)
+    rows = [r for r in json.loads(res.stdout)["jobs"] if r["job_id"] == job_id]
+    assert [(r["state"], r["alive"]) for r in rows] == [("ended", 0), ("running", 4)], rows
+    assert rows[1]["runtime_dir"].startswith("/proc/") and rows[0]["hosts"] == ["host-of-old"], rows
 
 
 @pytest.mark.parametrize("container", [True], indirect=True, ids=["own-network"])

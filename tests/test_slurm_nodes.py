@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 
 from ddptop.proctree import stop_tree
+from ddptop.store import discovery
+from ddptop.store.discovery import Endpoint
 from tests import netns, slurm
 from tests.jobs import BIN, PROBES, ddptop_cmd
 from tests.ports import namespace_port
@@ -45,20 +47,41 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.Cluste
         pytest.skip(REASON)
     with netns.hosts(2, ifname="ddpt0") as made, \
             slurm.cluster(tmp_path_factory.mktemp("slurm2"), {}, hosts=made, private_tmp=True) as cluster:
+        cluster.env["VIEWER_RUNTIME_DIR"] = str(_nodes_own_runtime_dir(tmp_path_factory.mktemp("node-rt")))
         yield cluster
 
 
+def _nodes_own_runtime_dir(path: Path) -> Path:
+    """The nodes' own runtime directory, where a person's shell outside the job looks: the
+    records of ended jobs 1.0-3.0 of an earlier cluster are there (#49: the fresh cluster
+    numbers its first job 1 again; those entries once won over the live ranks), four ranks
+    each on host "vm", their pids gone, written by the product's own writer."""
+    path.chmod(0o700)
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    for job in ("1.0", "2.0", "3.0"):
+        for rank in range(4):
+            discovery.write_entry(Endpoint(job_id=job, rank=rank, world_size=4, host="vm", port=41000 + rank,
+                                           pid=gone.pid, start_time=time.time() - 86400, node="vm",
+                                           scheduler_job=job, job_name="ddp-two-nodes"), path)
+    return path
+
+
 def _env(cluster: slurm.Cluster, **extra: str) -> dict[str, str]:
-    """No DDPTOP_RUNTIME_DIR: the ranks use their /tmp, which SLURM makes private to the job."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPTOP_", "SLURM_"))}
+    """No DDPTOP_RUNTIME_DIR nor XDG_RUNTIME_DIR: the ranks use their /tmp, which SLURM makes
+    private to the job."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DDPTOP_", "SLURM_")) and k != "XDG_RUNTIME_DIR"}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                SLURM_CONF=cluster.env["SLURM_CONF"], DDPTOP_TOKEN=TOKEN, **extra)
     return env
 
 
 def _viewer(cluster: slurm.Cluster, on: netns.Host, *args: str) -> subprocess.CompletedProcess[str]:
-    """A ddptop verb typed on node *on*, outside the job (bounded)."""
-    return subprocess.run(cluster.command(ddptop_cmd(*args), on=on), env=_env(cluster), capture_output=True,
+    """A ddptop verb typed on node *on*, outside the job (bounded), in the node's own runtime
+    directory (never the machine's: tests are hermetic, tests/hermetic.py)."""
+    env = _env(cluster, DDPTOP_RUNTIME_DIR=cluster.env["VIEWER_RUNTIME_DIR"])
+    return subprocess.run(cluster.command(ddptop_cmd(*args), on=on), env=env, capture_output=True,
                           text=True, timeout=90, check=False)
 
 

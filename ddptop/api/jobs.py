@@ -75,9 +75,20 @@ def jobs(*, include_unrecorded: bool = False) -> list[JobEntry]:
             if record is not None:
                 records[job_id] = record
     names = set(live) | set(records) | (set(every) if include_unrecorded else set())
-    entries = [_entry(job, live.get(job, []), every.get(job, []), records.get(job)) for job in names]
+    entries: list[JobEntry] = []
+    for job in names:
+        record = records.get(job)
+        earlier = found.earlier.get(job, [])
+        if host_jobs.record_of_earlier_job(record, live.get(job, [])):
+            earlier_record, record = record, None
+        else:
+            earlier_record = None
+        entries.append(_entry(job, live.get(job, []), every.get(job, []), record))
+        # An ended job that had the id of a live one (#49) is a row of its own: ended.
+        if earlier_record is not None or (earlier and include_unrecorded):
+            entries.append(_entry(job, [], earlier, earlier_record))
     for entry in entries:
-        place = found.hidden.get(entry.job_id)
+        place = found.hidden.get(entry.job_id) if entry.alive or entry.job_id not in found.earlier else None
         entry.runtime_dir = str(place.path) if place else str(discovery.runtime_dir(False))
     return sorted(entries, key=lambda e: (e.start_time, e.job_id))
 

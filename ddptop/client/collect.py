@@ -73,7 +73,7 @@ def end_after_close(endpoint: Endpoint, reason: str, waited: float,
     as they are there, else "lost" once its process is gone or the wait ran out; None while
     it is worth waiting (a closing rank is on its way out, its words may come a moment later)."""
     state = last_words(endpoint)
-    alive = discovery.pid_alive(endpoint.pid)
+    alive = discovery.entry_alive(endpoint)
     # A gone process gets a short grace too: its words may still be on their way to disk
     # while the viewer already saw the socket close.
     if state.status not in FINAL and waited < (LAST_WORDS_WAIT_S if alive else GONE_GRACE_S):

@@ -91,6 +91,8 @@ def _job(job_id: str, alive: list[Endpoint], dead: list[Endpoint],
     world = max([e.world_size for e in alive + dead] + [record.world_size if record else 0])
     if record is None:
         record = jobrecord.read_record(job_id) if discovery.is_safe_job_id(job_id) else None
+        if host_jobs.record_of_earlier_job(record, alive):
+            record = None  # an earlier job's black box: nothing of this one
     directory = jobrecord.job_dir(job_id) if record is not None else None
     return JobTarget(job_id=job_id, world_size=world, endpoints=alive, dead=dead, record=directory,
                      via_agents=agents.via_agents(remote=False))
@@ -120,7 +122,9 @@ def _ended(target: str, found: host_jobs.HostJobs) -> JobTarget:
     """A job whose ranks are all gone: its recording, else whatever its ranks left behind."""
     records = {r.job_id: r for r in jobrecord.list_records()}
     stale = found.every
-    names = set(records) | set(stale)
+    # A job whose live ranks run in another network namespace is not the ended job of its id
+    # that our directory remembers (#49): the viewer says where to look instead.
+    names = (set(records) | set(stale)) - (set(found.other_network) & set(found.earlier))
     matches = [target] if target in names else sorted(j for j in names if j.startswith(target))
     if not matches:
         raise TargetNotFound(f"no job {target!r} on this host, running or ended "

@@ -25,6 +25,7 @@ from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.identity import slurm_job
 from ddptop.store import discovery
 from ddptop.store.discovery import STORE_KEY_PREFIX, STORE_WORLD_KEY, Endpoint
+from ddptop.store.proc_start import own_start_ticks
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def own_endpoint(cfg: ReporterConfig, port: int, start_time: float, node: str) -
         pid=os.getpid(), start_time=start_time, node=node, agent_port=cfg.agent_port,
         store=store_address(env), scheduler_job=slurm_job(env),
         job_name=env.get("SLURM_JOB_NAME", "")[:200] if env.get("SLURM_JOB_ID") else "",
+        proc_start=own_start_ticks(),
     )
 
 

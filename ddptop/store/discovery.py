@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ddptop.errors import RuntimeDirError
+from ddptop.store.proc_start import same_process
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,10 @@ class Endpoint:
     store: str = ""
     scheduler_job: str = ""
     job_name: str = ""
+    # Added with #49: the process's start in clock ticks since boot (/proc/PID/stat), so that
+    # a later process with the same pid (a container restarted, pids wrapped) is not taken
+    # for this rank; 0 in older entries and where /proc is not there.
+    proc_start: int = 0
 
     @property
     def via_agent(self) -> tuple[str, int] | None:
@@ -86,6 +91,7 @@ class Endpoint:
             store=str(data.get("store", ""))[:300],
             scheduler_job=str(data.get("scheduler_job", ""))[:64],
             job_name=str(data.get("job_name", ""))[:200],
+            proc_start=int(data.get("proc_start", 0)),
         )
 
 
@@ -173,6 +179,32 @@ def write_entry(endpoint: Endpoint, directory: Path | None = None) -> Path:
     return path
 
 
+def entry_alive(endpoint: Endpoint) -> bool:
+    """True if the process that wrote *endpoint* still runs on this host: its pid is alive and
+    is the same process (not a later one given the pid: :mod:`ddptop.store.proc_start`)."""
+    return pid_alive(endpoint.pid) and same_process(endpoint.pid, endpoint.proc_start, endpoint.start_time)
+
+
+# Ranks of one incarnation of a job start within seconds of each other (one launch, or one
+# restart round of torchrun, which restarts every local worker together); an entry that
+# started this long before the earliest live rank of its job id is of an earlier job.
+INCARNATION_SPAN_S = 300.0
+
+
+def earlier_incarnation(entry: Endpoint, live: list[Endpoint]) -> bool:
+    """True if *entry*, whose process is gone, belongs to an earlier job that had the same id
+    as the job whose ranks *live* run now (SLURM numbers jobs from 1 again on a rebuilt
+    cluster, torchrun's default run id is shared, containers reuse names): it started well
+    before them, or the job had another size. Such an entry is a record of that ended job,
+    never a dead rank of this one."""
+    if not live:
+        return False
+    if entry.world_size != max(e.world_size for e in live):
+        return True
+    starts = [e.start_time for e in live if e.start_time]
+    return bool(entry.start_time and starts and entry.start_time < min(starts) - INCARNATION_SPAN_S)
+
+
 def pid_alive(pid: int) -> bool:
     """True if a process with *pid* exists (on this host)."""
     try:
@@ -211,7 +243,7 @@ def read_entries(include_stale: bool = False) -> list[Endpoint]:
     directory = runtime_dir(create=False)
     if not directory.is_dir():
         return []
-    return [e for e in entries_in(directory) if include_stale or pid_alive(e.pid)]
+    return [e for e in entries_in(directory) if include_stale or entry_alive(e)]
 
 
 def group_by_job(endpoints: list[Endpoint]) -> dict[str, list[Endpoint]]:

@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddptop.store.proc_start import start_ticks
+
 PROC = Path("/proc")
 MAX_PROCESSES = 65536  # /proc entries looked at, at most (a big node has a few thousand)
 MAX_NAMESPACES = 256  # other mount namespaces looked into, at most
@@ -40,10 +42,17 @@ class HiddenDir:
     pid: int  # the process through which it is seen (our pid namespace)
     same_network: bool  # its processes share our network namespace (loopback reaches them)
     pids: set[int] = field(default_factory=set)  # its processes' pids in their own pid namespace
+    # Each of those pids' process start (ticks since boot; proc_start's reading), so that an
+    # entry of a process that ended is not taken for the later one given its pid (#49).
+    starts: dict[int, int] = field(default_factory=dict)
 
-    def alive(self, pid: int) -> bool:
-        """True if a process of this namespace has *pid* (as its discovery entries count pids)."""
-        return pid in self.pids
+    def alive(self, pid: int, proc_start: int = 0) -> bool:
+        """True if a process of this namespace has *pid* (as its discovery entries count pids)
+        and, when the entry says when its process started (*proc_start*), started then."""
+        if pid not in self.pids:
+            return False
+        now = self.starts.get(pid, 0)
+        return not (proc_start and now and now != proc_start)
 
 
 def _link(pid: str, name: str) -> str:
@@ -128,7 +137,9 @@ def hidden_runtime_dirs(own: Path | None) -> list[HiddenDir]:
     found: dict[tuple[str, str], HiddenDir] = {}
     reads = 0
     for processes in by_ns.values():
-        pids = {_inner_pid(pid) for pid, _ in processes}
+        inner_of = {pid: _inner_pid(pid) for pid, _ in processes}
+        pids = set(inner_of.values())
+        starts = {inner_of[pid]: start_ticks(pid) for pid, _ in processes}
         for pid, owner in processes:
             reads += 1
             if reads > MAX_ENVIRON_READS:
@@ -144,5 +155,6 @@ def hidden_runtime_dirs(own: Path | None) -> list[HiddenDir]:
             except OSError:
                 continue
             found[key] = HiddenDir(path=path, inner=inner, pid=int(pid),
-                                   same_network=_link(pid, "net") == own_net, pids=pids)
+                                   same_network=_link(pid, "net") == own_net, pids=pids,
+                                   starts=starts)
     return list(found.values())
