@@ -25,6 +25,7 @@ from collections import defaultdict
 from ddptop.diagnosis import nccl_statements as nccl
 from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.exit_reading import read_exit, told_by_log
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.diagnosis.rules_last_words import lost_peers
 from ddptop.errortext import innermost
@@ -81,9 +82,8 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     t0 = _ended_at(first, histories)
     step = _last_step(first, histories)
     why = snapshot.job.unreachable
-    evidence = [f"{_offset(_ended_at(s, histories), t0)}  rank {s.rank} on {s.host or '?'} "
-                f"(pid {s.pid or '?'}): "
-                f"{_how(s)}, step {_last_step(s, histories)}"
+    evidence = [f"{_offset(_ended_at(s, histories), t0)}  rank {s.rank}{_where(s)}: "
+                f"{_how(s)}{_at_step(s, histories, ', step ')}"
                 + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
                 for s in order]
@@ -161,10 +161,37 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                        evidence=[*evidence, "their own stderr (a traceback), a crash file or their Flight "
                                             "Recorder dumps would tell which failed first"],
                        remedy=_remedy(first), step=step, since=t0)
+    at = _at_step(first, histories, ", at step ")
+    if all(told_by_log(s, histories) for s in snapshot.ranks):
+        # Only logs tell of this job (no rank's dump or samples): its exit status read for what
+        # it usually means, and the order of its lines never taken for the order of the failures
+        # (#46). Where other ranks' dumps or samples are here, the whole job's evidence speaks.
+        reading = read_exit(first, alone=len(snapshot.ranks) == 1 and first.rank == 0)
+        ordered = len(order) == 1 or (t0 > 0 and _ended_at(order[1], histories) - t0 >= TIE_S)
+        if not (reading.certain and ordered):
+            because = reading.words if not reading.certain else "the log gives no times that order their ends"
+            return Finding(kind="rank_lost", severity="warning", ranks=[s.rank for s in order], certain=False,
+                           victims=[s.rank for s in order[1:]],
+                           title=f"{ranks_text([first.rank])}{where}{at}: {_how(first)}; "
+                                 f"from this log alone, {because}",
+                           evidence=[*evidence, f"read: {reading.words}"], remedy=_remedy(first),
+                           step=step if at else None, since=t0 or None)
+        evidence.append(f"read: {reading.words}")
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
                    victims=[s.rank for s in order[1:]],
-                   title=f"{ranks_text([first.rank])}{where} failed first, at step {step}: {_how(first)}",
-                   evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+                   title=f"{ranks_text([first.rank])}{where} failed first{at}: {_how(first)}",
+                   evidence=evidence, remedy=_remedy(first), step=step if at else None, since=t0 or None)
+
+
+def _where(s: RankState) -> str:
+    """" on HOST (pid P)", of what is known: a field the evidence does not hold is left out."""
+    return (f" on {s.host}" if s.host else "") + (f" (pid {s.pid})" if s.pid else "")
+
+
+def _at_step(s: RankState, histories: dict[int, list[Sample]], words: str) -> str:
+    """*words* and the rank's last step, where the evidence holds one (a log alone does not)."""
+    known = s.step or any(h.step for h in histories.get(s.rank, [])) or not told_by_log(s, histories)
+    return f"{words}{_last_step(s, histories)}" if known else ""
 
 
 def _alike(s: RankState) -> str:
@@ -288,7 +315,7 @@ def _how(s: RankState) -> str:
                 f"the rank then failed ({reason[:160] or 'no reason left'})")
     sig = s.exit_signal
     if sig in FATAL_SIGNALS:
-        return f"died of {sig}" + (f" ({reason})" if reason else "")
+        return f"died of {sig}" + (f" ({reason})" if reason and reason != f"died of {sig}" else "")
     if sig == "SIGKILL" and s.exit_cause == "oom_kill":
         return "killed by the OOM killer: " + _memory_words(s)
     if sig == "SIGKILL":
