@@ -82,7 +82,7 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
     t0 = _ended_at(first, histories)
     step = _last_step(first, histories)
     why = snapshot.job.unreachable
-    evidence = [f"{_offset(_ended_at(s, histories), t0)}  rank {s.rank}{_where(s)}: "
+    evidence = [f"{_offset(_ended_at(s, histories), t0)}rank {s.rank}{_where(s)}: "
                 f"{_how(s)}{_at_step(s, histories, ', step ')}"
                 + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
@@ -204,8 +204,9 @@ def _alike(s: RankState) -> str:
 
 
 def _offset(t: float, t0: float) -> str:
-    """'+  1.20 s' after the first failure; '     ?  ' where either time is unknown (a log line)."""
-    return f"+{t - t0:6.2f} s" if t and t0 else "    ?    "
+    """'+  1.20 s  ' after the first failure; nothing where either time is unknown (a log line
+    without a time stamp: no placeholder stands for a fact the evidence does not hold)."""
+    return f"+{t - t0:6.2f} s  " if t and t0 else ""
 
 
 def nccl_aborted(s: RankState) -> bool:

@@ -71,9 +71,17 @@ def parse_lines(text: str) -> list[LogLine]:
     shapes = [shape for shape in SHAPES if shape.name in present]
     out = [_line(line, shapes) for line in raw]
     learnt = learnt_prefix([ln.text for ln in out])
-    if learnt is not None:
-        out = [ln._replace(text=learnt.sub("", ln.text, count=1)) for ln in out]
+    if learnt is not None:  # taken off, then the known shapes after it read again
+        out = [_relearnt(ln, learnt, shapes) for ln in out]
     return out
+
+
+def _relearnt(line: LogLine, learnt: re.Pattern[str], shapes: list[PrefixShape]) -> LogLine:
+    m = learnt.match(line.text)
+    if m is None:
+        return line
+    again = _line(line.text[m.end():], shapes)
+    return LogLine(again.text, again.rank if again.rank is not None else line.rank, again.host or line.host)
 
 
 def _ranks_in_brackets(lines: list[str]) -> bool:

@@ -38,6 +38,8 @@ class PrefixShape:
 SHAPES: tuple[PrefixShape, ...] = (
     PrefixShape("ansi colour", re.compile(r"^(?:\x1b\[[0-9;]{0,16}[A-Za-z])+"), "nothing"),
     PrefixShape("viewer line number", re.compile(r"^\[\d{1,7}\] "), "nothing", everywhere=True),
+    PrefixShape("kernel log time", re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S{1,64} kernel: ?)?"
+                                               r"\[ {0,8}\d{1,8}\.\d{3,6}\] "), "nothing"),
     PrefixShape("cloudwatch table",
                 re.compile(r"^\s{0,4}\|\s{0,4}\d{4}-\d\d-\d\dT[\d:.]{5,15}Z?\s{0,4}\|\s?"), "nothing"),
     PrefixShape("mpirun --timestamp-output",
@@ -63,12 +65,12 @@ SHAPES: tuple[PrefixShape, ...] = (
 BY_NAME = {shape.name: shape for shape in SHAPES}
 
 # A repeated beginning, up to a closing mark: "(RayWorkerWrapper pid=92234, ip=1.2.3.4) ",
-# "  | 2024-12-04T07:19:46Z | ", "node-7 | ", "[job-3]: ".
-_REPEATED = re.compile(r"^(.{1,80}?(?:\) |\| |\]: |>: ))")
+# "  | 2024-12-04T07:19:46Z | ", "node-7 | ", "[job-3]: ", "node-d004 [stderr] ".
+_REPEATED = re.compile(r"^(.{1,80}?(?:\) |\| |\]: |>: |\[std(?:err|out)\] ))")
 _NCCL_PROCESS = re.compile(r"^\S{1,80}:\d{1,9}:\d{1,9} \[\d{1,3}\] ")
 _DIGITS = re.compile(r"\d+")
 LEARN_SAMPLE = 2000  # lines a file's prefix is learnt from
-LEARN_SHARE = 0.6  # of its non-empty lines that must begin alike
+LEARN_SHARE = 0.5  # of its non-empty lines that must begin alike (a wrapped line's rest does not)
 LEARN_MIN = 3
 
 
@@ -77,6 +79,16 @@ def mostly(lines: list[str], shape: PrefixShape, sample: int = 1000) -> bool:
     is on every line; a bare "3: " or "node-1: " inside one line is not a prefix)."""
     seen = [ln for ln in lines[:sample] if ln.strip()]
     return bool(seen) and sum(1 for ln in seen if shape.pattern.match(ln)) * 2 > len(seen)
+
+
+_KNOWN_INSIDE = re.compile(r"\[rank\d|\[default\d|\[\d{1,6},\d{1,7}\]<std")
+
+
+def _before_known(prefix: str) -> str:
+    """*prefix* up to a known shape inside it ("host [stderr] [rank3]: " -> "host [stderr] "):
+    the known shape is read after, for the rank it proves."""
+    m = _KNOWN_INSIDE.search(prefix)
+    return prefix[:m.start()] if m and m.start() else prefix
 
 
 def learnt_prefix(lines: list[str]) -> re.Pattern[str] | None:
@@ -91,10 +103,10 @@ def learnt_prefix(lines: list[str]) -> re.Pattern[str] | None:
         m = _REPEATED.match(line)
         if m is None or _NCCL_PROCESS.match(line) or any(s.pattern.match(line) for s in SHAPES):
             continue
-        counts[_DIGITS.sub("#", m.group(1))] += 1
+        counts[_DIGITS.sub("#", _before_known(m.group(1)))] += 1
     if not counts:
         return None
     shape, count = counts.most_common(1)[0]
-    if count < LEARN_MIN or count < LEARN_SHARE * len(seen) or not shape.strip(" |"):
+    if count < LEARN_MIN or count < LEARN_SHARE * len(seen) or not shape.strip(" |[]#"):
         return None
     return re.compile("^" + re.escape(shape).replace("\\#", "#").replace("#", r"\d{1,20}"))

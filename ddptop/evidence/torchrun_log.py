@@ -120,12 +120,13 @@ def read_console_log(path: str | os.PathLike[str]) -> ConsoleLog:
     notes += said.notes
     if cut:
         notes.append(f"{p}: longer than {MAX_LOG_BYTES >> 20} MiB: only its end was read")
-    if not out and any(ln.text.strip() for ln in lines):
-        notes.append(f"{p}: read as a training job's console, but no line in it says which rank wrote it "
-                     "(no [rankN]: prefix, torchrun summary or NCCL rank): nothing can be attributed; "
-                     "`torchrun --tee 3` or `srun -l` label each line")
     read = list(dict.fromkeys(said.read))
     claims = _with_pids(claims_of(lines, default_group_only=not said.several_groups), out)
+    if not out and not any(c.culprits or c.victims or c.named for c in claims) and any(ln.text.strip()
+                                                                                      for ln in lines):
+        notes.append(f"{p}: read as a training job's console, but no line in it says which rank wrote it "
+                     "(no [rankN]: prefix, torchrun summary or NCCL rank): nothing can be attributed to a "
+                     "rank; `torchrun --tee 3` or `srun -l` label each line")
     notes.insert(0, f"{p}: {recognised(lines, claims, tracebacks, read)}")
     return ConsoleLog([out[r] for r in sorted(out) if r >= 0], notes, claims)
 
