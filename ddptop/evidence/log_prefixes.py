@@ -56,7 +56,7 @@ SHAPES: tuple[PrefixShape, ...] = (
     PrefixShape("ray worker", re.compile(r"^\((?:[A-Za-z_]{1,64}) pid=\d{1,9}(?:, ip=([\d.]{7,15}))?\) ?"),
                 "host"),
     PrefixShape("wrapper stream", re.compile(r"^std(?:err|out): "), "nothing", everywhere=True),
-    PrefixShape("rich log time", re.compile(r"^(?:\[\d\d:\d\d:\d\d\]| {11}) (?=[A-Z]{4,8} {1,3}\S)"),
+    PrefixShape("rich log time", re.compile(r"^(?:\[\d\d:\d\d:\d\d\]| {10}) (?=[A-Z]{4,8} {1,3}\S)"),
                 "nothing"),
     PrefixShape("torchrun --tee", re.compile(r"^\[(?!rank\d)(?:default|[A-Za-z_]{1,32})(\d{1,7})\]:"),
                 "local"),
