@@ -32,7 +32,8 @@ def test_no_healthy_rank_named_no_log_refused_and_the_measured_share_right(folde
     assert not [r.name for r in rows if r.false], [(r.name, r.named, r.titles[:1]) for r in rows if r.false]
     assert not [r.name for r in rows if r.exit2]
     right = sum(r.right for r in rows)
-    assert right >= RIGHT_AT_LEAST[folder], [(r.name, sorted(r.named), r.titles[:1]) for r in rows if not r.right]
+    wrong = [(r.name, sorted(r.named), r.titles[:1]) for r in rows if not r.right]
+    assert right >= RIGHT_AT_LEAST[folder], wrong
 
 
 def test_the_halves_hold_at_least_thirty_logs_a_third_of_them_singling_out_no_rank() -> None:
@@ -40,7 +41,8 @@ def test_the_halves_hold_at_least_thirty_logs_a_third_of_them_singling_out_no_ra
     assert len(tune) + len(holdout) >= 30 and not set(tune) & set(holdout)
     everyone = [*tune.values(), *holdout.values()]
     assert sum(1 for t in everyone if not t["culprits"]) * 3 >= len(everyone)
-    assert {t["half"] for t in tune.values()} == {"tune"} and {t["half"] for t in holdout.values()} == {"holdout"}
+    assert {t["half"] for t in tune.values()} == {"tune"}
+    assert {t["half"] for t in holdout.values()} == {"holdout"}
     old = (OLD / "SOURCE.md").read_text()
     for folder, truth in ((TUNE, tune), (HOLDOUT, holdout)):
         source = (folder / "SOURCE.md").read_text()
@@ -57,8 +59,9 @@ def test_no_field_the_log_does_not_hold_is_printed(path: Path) -> None:
             assert "at step 0" not in text and " on ?" not in text and "pid ?" not in text, text
 
 
-@pytest.mark.parametrize("name", ["cloudwatch-table-prefix-nccl-info.log", "srun-task-ranges-world-size-mismatch.log",
-                                  "netib-peer-error12-one-line.log", "monitored-barrier-rank1-names-rank0.log"])
+@pytest.mark.parametrize("name", ["cloudwatch-table-prefix-nccl-info.log",
+                                  "srun-task-ranges-world-size-mismatch.log", "netib-peer-error12-one-line.log",
+                                  "monitored-barrier-rank1-names-rank0.log"])
 def test_doctor_never_exits_2_on_a_readable_log(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["doctor", str(TUNE / name)])
     err = capsys.readouterr().err
@@ -73,7 +76,8 @@ def test_nothing_conclusive_is_said_and_exits_0(capsys: pytest.CaptureFixture[st
     assert "nothing conclusive" in captured.out
 
 
-def test_exit_2_is_for_a_missing_or_unreadable_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_exit_2_is_for_a_missing_or_unreadable_path(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", str(tmp_path / "missing.log")]) == 2
     binary = tmp_path / "core.bin"
     binary.write_bytes(b"\x7fELF\x00\x01\x02" * 100)
