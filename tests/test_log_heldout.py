@@ -60,7 +60,8 @@ def test_no_field_the_log_does_not_hold_is_printed(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["cloudwatch-table-prefix-nccl-info.log",
-                                  "srun-task-ranges-world-size-mismatch.log", "netib-peer-error12-one-line.log",
+                                  "srun-task-ranges-world-size-mismatch.log",
+                                  "netib-peer-error12-one-line.log",
                                   "monitored-barrier-rank1-names-rank0.log"])
 def test_doctor_never_exits_2_on_a_readable_log(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["doctor", str(TUNE / name)])

@@ -40,8 +40,8 @@ def tune(name: str) -> str:
 
 def test_every_shape_of_the_table_has_a_test_here() -> None:
     tested = {"ansi colour", "viewer line number", "kernel log time", "cloudwatch table",
-              "mpirun --tag-output", "srun --label", "pdsh / deepspeed host", "ray worker", "wrapper stream", "rich log time",
-              "torchrun --tee", "torch rank"}
+              "mpirun --tag-output", "srun --label", "pdsh / deepspeed host", "ray worker", "wrapper stream",
+              "rich log time", "torchrun --tee", "torch rank"}
     assert {s.name for s in SHAPES} == tested | HOLDOUT_ONLY
 
 
