@@ -1,7 +1,8 @@
 """Logs nobody tuned on (#46): tests/data/logs_heldout, split before any reader code.
 
-The tune half was read while the reader was written; the holdout half was measured once, at
-the end (its figure is pinned here as measured). On both, and on the old corpus:
+The tune half was read while the reader was written; the holdout half was measured once,
+at the end, and its figure pinned here as measured (nothing was changed after it). On both,
+and on the old corpus:
 
 * no healthy rank is ever named as a certain cause;
 * no log is refused (the CLI's exit 2 is for a missing or unreadable path only);
@@ -20,12 +21,15 @@ from tests.log_scoring import diagnose_path, score, truth_of
 
 DATA = Path(__file__).parent / "data"
 TUNE, HOLDOUT, OLD = DATA / "logs_heldout" / "tune", DATA / "logs_heldout" / "holdout", DATA / "logs"
-# Measured: tune after the reader was written; the old corpus before and after (30 -> 32 of 36:
-# exit statuses read for what they mean stopped naming ranks 0 and 7 of 32 and 35).
-RIGHT_AT_LEAST = {TUNE: 20, OLD: 32}
+# Measured: tune after the reader was written (14 of 20 before it, 11 refused, 1 healthy rank
+# named); the old corpus before and after (30 -> 32 of 36: exit statuses read for what they mean
+# stopped naming ranks 0 and 7 of 32 and 35); the holdout once, at the end: 17 of 19 (89 %; the
+# two: rank 1's "ncclCommInitRank failed" read as its own exception, and a "CUDA error: unknown
+# error" the thread shows on every GPU count read as rank 0's own).
+RIGHT_AT_LEAST = {TUNE: 20, OLD: 32, HOLDOUT: 17}
 
 
-@pytest.mark.parametrize("folder", [TUNE, OLD], ids=["tune", "old"])
+@pytest.mark.parametrize("folder", [TUNE, OLD, HOLDOUT], ids=["tune", "old", "holdout"])
 def test_no_healthy_rank_named_no_log_refused_and_the_measured_share_right(folder: Path) -> None:
     rows = score(folder)
     assert len(rows) == len(truth_of(folder))

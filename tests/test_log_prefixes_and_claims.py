@@ -23,6 +23,7 @@ from ddptop.status import Status
 
 DATA = Path(__file__).parent / "data"
 OLD, TUNE = DATA / "logs", DATA / "logs_heldout" / "tune"
+HOLDOUT = DATA / "logs_heldout" / "holdout"
 # Shapes whose only real lines are in the holdout half: tested once it was measured (the end).
 HOLDOUT_ONLY = {"mpirun --timestamp-output", "mpich -prepend-rank", "horovodrun"}
 
@@ -119,6 +120,40 @@ def test_an_unknown_prefix_is_learnt_from_its_repetition() -> None:
     # NCCL's own host:pid:tid [dev] is a statement's shape, never learnt as a prefix.
     nccl = parse_lines(tune("nccl-tests-socket-closed-host-prefix"))
     assert nccl[0].text.startswith("gpu004:2200689:2200706 [3]")
+
+
+def holdout(name: str) -> str:
+    return (HOLDOUT / f"{name}.log").read_text()
+
+
+# Written after the holdout half was measured (its only real lines of these shapes).
+
+
+def test_mpiruns_timestamp_then_tag_come_off_and_give_the_rank() -> None:
+    lines = parse_lines(holdout("mpirun-timestamped-cuda-invalid-argument"))
+    assert lines[0].rank == 0 and lines[0].text.startswith("tomte401:1850301:1881341 [0] transport.cc:154")
+    assert lines[-1].rank == 3
+
+
+def test_mpichs_prepend_rank_is_told_from_a_viewers_line_numbers() -> None:
+    lines = parse_lines(holdout("mpich-prepend-rank-nccl-info"))
+    assert [ln.rank for ln in lines[:3]] == [0, 0, 1] and lines[0].text.startswith("node0:13571:13571 [0]")
+    assert all(ln.rank is None for ln in parse_lines(old("33"))[:3])  # "[1744] " "[1745] ": line numbers
+
+
+def test_horovodruns_short_tag_gives_the_rank() -> None:
+    lines = parse_lines(holdout("horovodrun-short-stderr-prefix"))
+    assert lines[1].rank == 1 and lines[1].text.startswith("RuntimeError: ncclCommInitRank failed")
+
+
+def test_nccls_cuda_failure_names_its_process_and_alike_on_two_ranks_no_one() -> None:
+    said = _claims(holdout("nccl-warn-cuda-oom-dev3-socket-closed"))
+    cuda = [c for c in said if c.kind == "nccl_cuda_failure"]
+    assert cuda and cuda[0].place == "ng30903 pid 3063028 GPU 3" and not cuda[0].culprits
+    said = _claims(holdout("mpirun-timestamped-cuda-invalid-argument"))
+    both = [c for c in said if c.kind == "nccl_cuda_failure"]
+    assert {r for c in both for r in c.culprits} == {0, 3}
+    assert not any(blames(f) for f in claim_findings(both))
 
 
 # --- statements ranked by strength, with their source ---------------------------------------
