@@ -202,9 +202,13 @@ def test_a_lost_peers_address_is_the_lead_and_no_rank(name: str, place: str) -> 
     assert finding.kind == "host_unreachable" and place in finding.title and not blames(finding)
 
 
-def test_glooss_connection_closed_by_peer_names_its_address() -> None:
+def test_who_lost_the_peer_is_told_by_how_the_address_is_written() -> None:
+    """gloo writes [addr]:port (30); NCCL host<port>, even in an error's "Last error:" (a line of
+    the holdout half, added after it was measured: the words said "gloo" there)."""
     (claim,) = _claims(old("30"))
     assert claim.place == "18.25.6.30:30872" and claim.source == "gloo"
+    (nccl,) = _claims("Net : Connection closed by remote peer user<43236>\n")
+    assert nccl.place == "user:43236" and nccl.source == "NCCL"
 
 
 def test_a_duplicate_gpu_is_a_set_up_error_of_both_ranks() -> None:

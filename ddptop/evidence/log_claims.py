@@ -144,8 +144,10 @@ def _peer(text: str, rank: int | None, place: str) -> Claim | None:
 
 
 def _peer_source(text: str, rank: int | None, place: str) -> str:
-    """Who lost the peer: NCCL (its own WARN lines, or an NCCL error's "Last error:"), else gloo."""
-    who = "NCCL" if place or "NCCL" in text or "socketProgress" in text or "NET/" in text else "gloo"
+    """Who lost the peer, by how the address is written: NCCL writes ``host<port>`` (its own
+    WARN lines, or an NCCL error's "Last error:"), gloo ``[addr]:port``."""
+    nccl = place or "NCCL" in text or re.search(r"[\w.-]<\d{1,5}>", text) is not None
+    who = "NCCL" if nccl else "gloo"
     return f"{who} in rank {rank}" if rank is not None else (f"{who} in {place}" if place else who)
 
 
