@@ -161,13 +161,16 @@ def _oom(text: str) -> Claim | None:
 
 
 def recognised(lines: list[LogLine], claims: list[Claim], tracebacks: dict[int, list[str]],
-               read: list[str]) -> str:
+               read: list[str], summary_entries: int = 0) -> str:
     """What the file held, in one line: "34 lines: 3 srun task exits, 1 Python traceback of rank 5"."""
     parts = list(read)
+    if summary_entries:
+        entries = "entry" if summary_entries == 1 else "entries"
+        parts.append(f"{summary_entries} {entries} of torchrun's failure summary")
     kinds = Counter(c.kind for c in claims)
     words = {"monitored_barrier": "monitored-barrier report", "cuda_error": "CUDA error",
              "nccl_cuda_failure": "NCCL Cuda failure", "oom_killer": "OOM-killer line", "xid": "Xid line",
-             "peer_address": "lost-peer line (NCCL)", "setup": "NCCL set-up error",
+             "peer_address": "lost-peer line", "setup": "NCCL set-up error",
              "srun_tasks": "srun task exit"}
     parts += [f"{n} {words.get(k, k)}(s)" for k, n in sorted(kinds.items())]
     if tracebacks:
@@ -182,4 +185,5 @@ def recognised(lines: list[LogLine], claims: list[Claim], tracebacks: dict[int, 
     prefixed = len({ln.rank for ln in lines if ln.rank is not None})
     if prefixed:
         parts.append(f"lines of {prefixed} rank(s) by their prefix")
-    return f"{len(lines)} lines: " + (", ".join(parts) if parts else "nothing a rule reads")
+    count = f"{len(lines)} line{'' if len(lines) == 1 else 's'}"
+    return f"{count}: " + (", ".join(parts) if parts else "nothing a rule reads")

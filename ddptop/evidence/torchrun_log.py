@@ -127,7 +127,7 @@ def read_console_log(path: str | os.PathLike[str]) -> ConsoleLog:
         notes.append(f"{p}: read as a training job's console, but no line in it says which rank wrote it "
                      "(no [rankN]: prefix, torchrun summary or NCCL rank): nothing can be attributed to a "
                      "rank; `torchrun --tee 3` or `srun -l` label each line")
-    notes.insert(0, f"{p}: {recognised(lines, claims, tracebacks, read)}")
+    notes.insert(0, f"{p}: {recognised(lines, claims, tracebacks, read, len(summary))}")
     return ConsoleLog([out[r] for r in sorted(out) if r >= 0], notes, claims)
 
 
