@@ -64,7 +64,7 @@ def _claim(text: str, rank: int | None, host: str, default_only: bool) -> Claim 
         return _barrier(text)
     if "CUDA error: " in text:
         return _cuda(text, rank, host, default_only)
-    if "NCCL " in text and (m := _NCCL_PROCESS.match(text)):
+    if " NCCL WARN " in text and (m := _NCCL_PROCESS.match(text)):
         return _nccl(text, m, rank)
     if "peer" in text or "Call to " in text:
         return _peer(text, rank, host)

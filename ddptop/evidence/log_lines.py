@@ -95,6 +95,8 @@ def _line(line: str, shapes: list[PrefixShape]) -> LogLine:
     rank: int | None = None
     host = ""
     for shape in shapes:
+        if shape.starts and line[:1] not in shape.starts:
+            continue
         m = shape.pattern.match(line)
         if m is None:
             continue

@@ -32,35 +32,42 @@ class PrefixShape:
     pattern: re.Pattern[str]
     gives: Gives  # "rank": a global rank; "task": srun's task id; "local": a local worker; "host"
     everywhere: bool = False  # a bare shape ("3: "): a prefix only where most lines carry it
+    starts: str = ""  # what a line it matches can begin with ("" anything): most lines try few rows
 
 
+_UPPER, _LOWER, _DIGIT = "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", "0123456789"
 # Order matters: the outermost prefix first (a viewer's line number before a launcher's).
 SHAPES: tuple[PrefixShape, ...] = (
-    PrefixShape("ansi colour", re.compile(r"^(?:\x1b\[[0-9;]{0,16}[A-Za-z])+"), "nothing"),
-    PrefixShape("viewer line number", re.compile(r"^\[\d{1,7}\] "), "nothing", everywhere=True),
+    PrefixShape("ansi colour", re.compile(r"^(?:\x1b\[[0-9;]{0,16}[A-Za-z])+"), "nothing", starts="\x1b"),
+    PrefixShape("viewer line number", re.compile(r"^\[\d{1,7}\] "), "nothing", everywhere=True,
+                starts="["),
     PrefixShape("kernel log time", re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S{1,64} kernel: ?)?"
-                                               r"\[ {0,8}\d{1,8}\.\d{3,6}\] "), "nothing"),
+                                               r"\[ {0,8}\d{1,8}\.\d{3,6}\] "), "nothing",
+                starts=f"[{_UPPER}"),
     PrefixShape("cloudwatch table",
-                re.compile(r"^\s{0,4}\|\s{0,4}\d{4}-\d\d-\d\dT[\d:.]{5,15}Z?\s{0,4}\|\s?"), "nothing"),
+                re.compile(r"^\s{0,4}\|\s{0,4}\d{4}-\d\d-\d\dT[\d:.]{5,15}Z?\s{0,4}\|\s?"), "nothing",
+                starts=" \t|"),
     PrefixShape("mpirun --timestamp-output",
                 re.compile(r"^[A-Z][a-z]{2} [A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4}(?=\[\d)"),
-                "nothing"),
-    PrefixShape("mpirun --tag-output", re.compile(r"^\[\d{1,6},(\d{1,7})\]<std(?:out|err)>: ?"), "rank"),
-    PrefixShape("horovodrun", re.compile(r"^\[(\d{1,7})\]<std(?:out|err)>: ?"), "rank"),
-    PrefixShape("srun --label", re.compile(r"^\s{0,4}(\d{1,6}): "), "task", everywhere=True),
-    PrefixShape("mpich -prepend-rank", re.compile(r"^\[(\d{1,6})\] "), "rank", everywhere=True),
+                "nothing", starts=_UPPER),
+    PrefixShape("mpirun --tag-output", re.compile(r"^\[\d{1,6},(\d{1,7})\]<std(?:out|err)>: ?"), "rank",
+                starts="["),
+    PrefixShape("horovodrun", re.compile(r"^\[(\d{1,7})\]<std(?:out|err)>: ?"), "rank", starts="["),
+    PrefixShape("srun --label", re.compile(r"^\s{0,4}(\d{1,6}): "), "task", everywhere=True,
+                starts=f" \t{_DIGIT}"),
+    PrefixShape("mpich -prepend-rank", re.compile(r"^\[(\d{1,6})\] "), "rank", everywhere=True, starts="["),
     PrefixShape("pdsh / deepspeed host",
                 re.compile(r"^([a-z][a-z0-9_.-]{0,62}\d[a-z0-9_.-]{0,30}|localhost"
                            r"|\d{1,3}(?:\.\d{1,3}){3}): "),
-                "host", everywhere=True),
+                "host", everywhere=True, starts=_LOWER + _DIGIT),
     PrefixShape("ray worker", re.compile(r"^\((?:[A-Za-z_]{1,64}) pid=\d{1,9}(?:, ip=([\d.]{7,15}))?\) ?"),
-                "host"),
-    PrefixShape("wrapper stream", re.compile(r"^std(?:err|out): "), "nothing", everywhere=True),
+                "host", starts="("),
+    PrefixShape("wrapper stream", re.compile(r"^std(?:err|out): "), "nothing", everywhere=True, starts="s"),
     PrefixShape("rich log time", re.compile(r"^(?:\[\d\d:\d\d:\d\d\]| {10}) (?=[A-Z]{4,8} {1,3}\S)"),
-                "nothing"),
+                "nothing", starts="[ "),
     PrefixShape("torchrun --tee", re.compile(r"^\[(?!rank\d)(?:default|[A-Za-z_]{1,32})(\d{1,7})\]:"),
-                "local"),
-    PrefixShape("torch rank", re.compile(r"^\[rank(\d{1,7})\]: ?"), "rank"),
+                "local", starts="["),
+    PrefixShape("torch rank", re.compile(r"^\[rank(\d{1,7})\]: ?"), "rank", starts="["),
 )
 BY_NAME = {shape.name: shape for shape in SHAPES}
 
