@@ -62,25 +62,25 @@ def parse_lines(text: str) -> list[LogLine]:
     """:func:`read_lines` over text already read: each line's prefixes (the table of
     :mod:`ddptop.evidence.log_prefixes`, then one learnt from repetition) taken off."""
     raw = text.splitlines()[-MAX_LINES:]  # splitlines splits on \r too: each redraw its own line
-    raw = [_ANSI.sub("", line[:MAX_LINE]) for line in raw]
+    raw = [_ANSI.sub("", line[:MAX_LINE]) if "\x1b" in line else line[:MAX_LINE] for line in raw]
     present = {shape.name for shape in SHAPES if not shape.everywhere or mostly(raw, shape)}
     if "viewer line number" in present and _ranks_in_brackets(raw):
         present.discard("viewer line number")  # "[0] " "[1] " again and again: mpich's ranks
     else:
         present.discard("mpich -prepend-rank")
-    shapes = [shape for shape in SHAPES if shape.name in present]
-    out = [_line(line, shapes) for line in raw]
+    shapes = _Shapes([shape for shape in SHAPES if shape.name in present])
+    out = [shapes.read(line) for line in raw]
     learnt = learnt_prefix([ln.text for ln in out])
     if learnt is not None:  # taken off, then the known shapes after it read again
         out = [_relearnt(ln, learnt, shapes) for ln in out]
     return out
 
 
-def _relearnt(line: LogLine, learnt: re.Pattern[str], shapes: list[PrefixShape]) -> LogLine:
+def _relearnt(line: LogLine, learnt: re.Pattern[str], shapes: _Shapes) -> LogLine:
     m = learnt.match(line.text)
     if m is None:
         return line
-    again = _line(line.text[m.end():], shapes)
+    again = shapes.read(line.text[m.end():])
     return LogLine(again.text, again.rank if again.rank is not None else line.rank, again.host or line.host)
 
 
@@ -91,24 +91,42 @@ def _ranks_in_brackets(lines: list[str]) -> bool:
     return len(values) >= 4 and len(set(values)) * 4 <= len(values)
 
 
-def _line(line: str, shapes: list[PrefixShape]) -> LogLine:
-    rank: int | None = None
-    host = ""
-    for shape in shapes:
-        if shape.starts and line[:1] not in shape.starts:
-            continue
-        m = shape.pattern.match(line)
-        if m is None:
-            continue
-        said = m.group(1) if m.groups() else None
-        if said and shape.gives in ("rank", "task"):
-            rank = int(said)  # srun's task id is the global rank under one task per rank
-        elif said and shape.gives == "host":
-            host = said
-        line = line[m.end():]
-        if shape.name == "mpirun --tag-output" and (again := shape.pattern.match(line)):
-            line = line[again.end():]  # mpirun repeats its prefix where two writes met on one line
-    return LogLine(line, rank, host)
+class _Shapes:
+    """The shapes a file holds, each tried only on lines that can begin with it, in the table's
+    order (a two-million-line log: the Python loop over every row was most of its reading)."""
+
+    def __init__(self, shapes: list[PrefixShape]) -> None:
+        self.shapes = shapes
+        self.by_first: dict[str, list[int]] = {}
+        for index, shape in enumerate(shapes):
+            for char in shape.starts:
+                self.by_first.setdefault(char, []).append(index)
+
+    def read(self, line: str) -> LogLine:
+        """*line* with its prefixes off, and the rank and host they prove."""
+        rank: int | None = None
+        host = ""
+        done = -1  # each shape once, outermost first: a later one never comes before an earlier
+        while True:
+            for index in self.by_first.get(line[:1], ()):
+                if index <= done:
+                    continue
+                shape = self.shapes[index]
+                m = shape.pattern.match(line)
+                if m is None:
+                    continue
+                said = m.group(1) if m.groups() else None
+                if said and shape.gives in ("rank", "task"):
+                    rank = int(said)  # srun's task id is the global rank under one task per rank
+                elif said and shape.gives == "host":
+                    host = said
+                line = line[m.end():]
+                if shape.name == "mpirun --tag-output" and (again := shape.pattern.match(line)):
+                    line = line[again.end():]  # mpirun repeats its prefix where two writes met
+                done = index
+                break
+            else:
+                return LogLine(line, rank, host)
 
 
 _GLUE = re.compile(r"\[(?:E|W|I)[\d ]|\[rank\d{1,7}\]:|\[Rank \d|\[PG |Watchdog caught|Traceback \(most")

@@ -31,8 +31,8 @@ class PrefixShape:
     name: str
     pattern: re.Pattern[str]
     gives: Gives  # "rank": a global rank; "task": srun's task id; "local": a local worker; "host"
+    starts: str  # every character a line it matches can begin with: a line tries only its rows
     everywhere: bool = False  # a bare shape ("3: "): a prefix only where most lines carry it
-    starts: str = ""  # what a line it matches can begin with ("" anything): most lines try few rows
 
 
 _UPPER, _LOWER, _DIGIT = "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz", "0123456789"
