@@ -60,6 +60,7 @@ def test_the_halves_hold_at_least_thirty_logs_a_third_of_them_singling_out_no_ra
 @pytest.mark.parametrize("path", sorted(TUNE.glob("*.log")) + sorted(OLD.glob("*.log")), ids=lambda p: p.name)
 def test_no_field_the_log_does_not_hold_is_printed(path: Path) -> None:
     for f in diagnose_path(path):
+        assert f.step != 0 and f.since != 0, (f.step, f.since, f.title)  # --json: null, not 0
         for text in (f.title, *f.evidence):
             assert "at step 0" not in text and " on ?" not in text and "pid ?" not in text, text
 

@@ -16,7 +16,9 @@ usually mean:
   barrier's report) is a victim's; **an exit code alone** says nothing of why.
 
 The order of lines in a file is never a verdict by itself: where several ranks failed and
-the log gives no times that tell them apart, which failed first is not told. Pure.
+the log gives no times that tell them apart, which failed first is not told. And a step, host
+or pid the log does not hold is left out of what is said (:func:`where_known`,
+:func:`known_step`), never printed as 0 or "?". Pure.
 """
 
 from __future__ import annotations
@@ -81,3 +83,20 @@ def read_exit(state: RankState, alone: bool) -> ExitReading:
         return ExitReading(False, "its traceback stops inside a collective call, its exception's line is not "
                                   "in the log")
     return ExitReading(False, "an exit status without its exception's words: why is not in the log")
+
+
+def where_known(s: RankState) -> str:
+    """" on HOST (pid P)", of what is known: a field the evidence does not hold is left out."""
+    return (f" on {s.host}" if s.host else "") + (f" (pid {s.pid})" if s.pid else "")
+
+
+def known_step(s: RankState, histories: dict[int, list[Sample]]) -> int | None:
+    """The rank's last step, where the evidence holds one (a log alone does not): else None."""
+    known = s.step or any(h.step for h in histories.get(s.rank, [])) or not told_by_log(s, histories)
+    return max([s.step] + [h.step for h in histories.get(s.rank, [])]) if known else None
+
+
+def at_step(s: RankState, histories: dict[int, list[Sample]], words: str) -> str:
+    """*words* and the rank's last step, where the evidence holds one; else nothing."""
+    step = known_step(s, histories)
+    return f"{words}{step}" if step is not None else ""

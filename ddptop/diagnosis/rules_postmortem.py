@@ -25,7 +25,7 @@ from collections import defaultdict
 from ddptop.diagnosis import nccl_statements as nccl
 from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
-from ddptop.diagnosis.exit_reading import read_exit, told_by_log
+from ddptop.diagnosis.exit_reading import at_step, known_step, read_exit, told_by_log, where_known
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.diagnosis.rules_last_words import lost_peers
 from ddptop.errortext import innermost
@@ -80,10 +80,11 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
         return _aborted_by_nccl(order, histories)
     first = order[0]
     t0 = _ended_at(first, histories)
-    step = _last_step(first, histories)
+    # The step where the evidence holds one (a log alone does not): else None, never 0.
+    step = known_step(first, histories)
     why = snapshot.job.unreachable
-    evidence = [f"{_offset(_ended_at(s, histories), t0)}rank {s.rank}{_where(s)}: "
-                f"{_how(s)}{_at_step(s, histories, ', step ')}"
+    evidence = [f"{_offset(_ended_at(s, histories), t0)}rank {s.rank}{where_known(s)}: "
+                f"{_how(s)}{at_step(s, histories, ', step ')}"
                 + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
                 for s in order]
@@ -161,7 +162,7 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                        evidence=[*evidence, "their own stderr (a traceback), a crash file or their Flight "
                                             "Recorder dumps would tell which failed first"],
                        remedy=_remedy(first), step=step, since=t0)
-    at = _at_step(first, histories, ", at step ")
+    at = at_step(first, histories, ", at step ")
     if all(told_by_log(s, histories) for s in snapshot.ranks):
         # Only logs tell of this job (no rank's dump or samples): its exit status read for what
         # it usually means, and the order of its lines never taken for the order of the failures
@@ -175,23 +176,12 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                            title=f"{ranks_text([first.rank])}{where}{at}: {_how(first)}; "
                                  f"from this log alone, {because}",
                            evidence=[*evidence, f"read: {reading.words}"], remedy=_remedy(first),
-                           step=step if at else None, since=t0 or None)
+                           step=step, since=t0 or None)
         evidence.append(f"read: {reading.words}")
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
                    victims=[s.rank for s in order[1:]],
                    title=f"{ranks_text([first.rank])}{where} failed first{at}: {_how(first)}",
-                   evidence=evidence, remedy=_remedy(first), step=step if at else None, since=t0 or None)
-
-
-def _where(s: RankState) -> str:
-    """" on HOST (pid P)", of what is known: a field the evidence does not hold is left out."""
-    return (f" on {s.host}" if s.host else "") + (f" (pid {s.pid})" if s.pid else "")
-
-
-def _at_step(s: RankState, histories: dict[int, list[Sample]], words: str) -> str:
-    """*words* and the rank's last step, where the evidence holds one (a log alone does not)."""
-    known = s.step or any(h.step for h in histories.get(s.rank, [])) or not told_by_log(s, histories)
-    return f"{words}{_last_step(s, histories)}" if known else ""
+                   evidence=evidence, remedy=_remedy(first), step=step, since=t0 or None)
 
 
 def _alike(s: RankState) -> str:
@@ -227,7 +217,7 @@ def _aborted_by_nccl(order: list[RankState], histories: dict[int, list[Sample]])
         remedy=("read the collective finding for who they waited for; where there is none, the lines of the "
                 "other ranks, their Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE) or PyTorch's desync "
                 "report (TORCH_NCCL_DESYNC_DEBUG=1) would tell"),
-        step=_last_step(order[0], histories))
+        step=known_step(order[0], histories))
 
 
 def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
