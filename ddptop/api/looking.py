@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -32,6 +33,8 @@ from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget
 from ddptop.client.watch import live_snapshot, watching
 from ddptop.diagnosis import Finding, FindingsReport, findings_for_model
+from ddptop.diagnosis.claims import Claim
+from ddptop.diagnosis.story import blames
 from ddptop.errors import DdptopError, UsageError
 from ddptop.evidence.scan import load_evidence
 from ddptop.model.job import JobModel
@@ -39,6 +42,14 @@ from ddptop.model.snapshot import JobSnapshot, with_last_known
 from ddptop.textfmt import human_duration
 
 DEFAULT_WATCH_S = 3.0
+# Said where a console log was read and no finding names a cause with certainty (#46): what
+# was recognised is in the evidence's warnings; this says what would tell (exit 0 or 1 as ever).
+NOTHING_CONCLUSIVE = ("nothing conclusive: no statement in the evidence names a culprit with certainty; "
+                      "what would tell: every rank's own lines with their prefix (torchrun --tee 3, srun -l, "
+                      "torch >= 2.2's [rankN]:), Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
+                      "TORCH_NCCL_DUMP_ON_TIMEOUT=1), PyTorch's desync report (TORCH_NCCL_DESYNC_DEBUG=1), "
+                      "and "
+                      "each host's kernel log (dmesg: the OOM killer, Xid errors)")
 MIN_STATES = 2  # states per rank before diagnose stops early: one sample cannot show a trend
 
 
@@ -82,8 +93,13 @@ def diagnose(*targets: Target, watch: float = DEFAULT_WATCH_S,
     """The findings of a job or of what it left behind, worst first: a live job is watched for
     up to *watch* seconds (less once every rank sent two states), an ended one read from its
     job record, paths read as evidence. Warnings about the evidence go to *warnings*."""
-    model, now = read_model(list(targets), watch, [] if warnings is None else warnings)
-    return report_of(model, now)
+    said: list[str] = [] if warnings is None else warnings
+    read = EvidenceRead()
+    model, now = read_model(list(targets), watch, said, read)
+    report = report_of(model, now, read.claims)
+    if read.console_logs and not any(blames(f) for f in report.findings):
+        said.append(NOTHING_CONCLUSIVE)
+    return report
 
 
 def read_evidence(*paths: str | os.PathLike[str]) -> Evidence:
@@ -93,8 +109,11 @@ def read_evidence(*paths: str | os.PathLike[str]) -> Evidence:
         raise UsageError(f"no such file or folder: {', '.join(missing)}" if missing else "no path given")
     contents = load_evidence([Path(p) for p in paths])
     model, now = build_model(contents), end_time(contents)
-    return Evidence(snapshot=model.snapshot(now), findings=report_of(model, now),
-                    warnings=list(contents.warnings))
+    report = report_of(model, now, contents.log_claims)
+    said = list(contents.warnings)
+    if contents.console_logs and not any(blames(f) for f in report.findings):
+        said.append(NOTHING_CONCLUSIVE)
+    return Evidence(snapshot=model.snapshot(now), findings=report, warnings=said)
 
 
 def watch(target: Target = None, *, every: float = 1.0, timeout: float = 5.0) -> Iterator[Update]:
@@ -152,14 +171,27 @@ def export(target: Target | Sequence[str | os.PathLike[str]], path: str | os.Pat
     return export_bundle(resolved, path, progress=progress, timeout=timeout)
 
 
-def read_model(targets: list[Target], watch_s: float, warnings: list[str]) -> tuple[JobModel, float]:
+@dataclass
+class EvidenceRead:
+    """What reading evidence files told beside the model: the console logs' claims."""
+
+    claims: list[Claim] = field(default_factory=list)
+    console_logs: int = 0  # console logs read (a "nothing conclusive" is said of them)
+
+
+def read_model(targets: list[Target], watch_s: float, warnings: list[str],
+               read: EvidenceRead | None = None) -> tuple[JobModel, float]:
     """The job *targets* name, as a model and the moment it describes: evidence files (dumps,
-    logs, recordings), an ended job's record, or a live job watched for up to *watch_s*."""
+    logs, recordings), an ended job's record, or a live job watched for up to *watch_s*.
+    What the evidence's console logs claim goes to *read*."""
     words = [t for t in targets if t is not None and not isinstance(t, JobTarget)]
     paths = evidence_paths(words) if len(words) == len(targets) else []
     if paths:
         contents = load_evidence(paths)
         warnings.extend(contents.warnings)
+        if read is not None:
+            read.claims += contents.log_claims
+            read.console_logs += contents.console_logs
         return build_model(contents), end_time(contents)
     job = job_of(targets[0] if targets else None)
     if job.ended:
@@ -186,7 +218,8 @@ def observe(job: JobTarget, watch_s: float) -> tuple[JobModel, float]:
     return feed.model, time.time()
 
 
-def report_of(model: JobModel, now: float) -> FindingsReport:
-    """The findings of *model* at *now*, as ``doctor --json`` prints them."""
-    found: list[Finding] = findings_for_model(model, now)
+def report_of(model: JobModel, now: float, claims: Sequence[Claim] = ()) -> FindingsReport:
+    """The findings of *model* at *now* (with a console log's *claims*), as ``doctor --json``
+    prints them."""
+    found: list[Finding] = findings_for_model(model, now, claims=claims)
     return FindingsReport(findings=found, job_id=model.job_id, time=now, ranks_seen=len(model.ranks))

@@ -29,6 +29,7 @@ from ddptop.bundle.format import (
     HostFacts,
     Manifest,
 )
+from ddptop.diagnosis.claims import Claim
 from ddptop.errors import BundleError, ProtocolError
 from ddptop.model.job import JobModel
 from ddptop.protocol import EVENT_TYPES, ConnectionEvent, Event, HistoryMsg, RankExit, RecordEntry, StateMsg
@@ -56,6 +57,10 @@ class Contents:
     findings: FindingsRecord | None = None
     end: EndMarker | None = None
     warnings: list[str] = field(default_factory=list)
+    # What a console log's statements claim (#46: the monitored barrier's "from rank N", a
+    # rank's own CUDA error, NCCL's lost peer): judged beside the rules, never stored.
+    log_claims: list[Claim] = field(default_factory=list)
+    console_logs: int = 0  # console logs among the evidence read
 
 
 def _chunks(fh: BinaryIO, compressed: bool) -> Iterator[bytes]:

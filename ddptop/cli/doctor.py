@@ -73,7 +73,9 @@ def render(report: FindingsReport, ranks_seen: int) -> Table:
     table.add_column("ranks")
     table.add_column("finding")
     if not report.findings:
-        table.add_row(Text("ok", style="green"), "", "", "nothing wrong found")
+        # No rank seen (a console log that names none): nothing is proven either way.
+        table.add_row(Text("ok", style="green"), "", "", "nothing wrong found" if ranks_seen else
+                      "nothing conclusive (what was read, and what would tell: the warnings above)")
     for f in report.findings:
         table.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.kind,
                       rank_ranges(f.ranks), _details(f))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from itertools import islice
 from operator import attrgetter
 
+from ddptop.diagnosis.claims import Claim
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.engine import RULES, diagnose
 from ddptop.diagnosis.finding import KINDS, SEVERITY_ORDER, Finding, FindingsReport
@@ -30,14 +31,16 @@ __all__ = [
 ]
 
 
-def findings_for_model(model: JobModel, now: float, config: DiagnosisConfig | None = None) -> list[Finding]:
-    """Findings for the job as *model* knows it at *now* (most severe first)."""
+def findings_for_model(model: JobModel, now: float, config: DiagnosisConfig | None = None,
+                       claims: Sequence[Claim] = ()) -> list[Finding]:
+    """Findings for the job as *model* knows it at *now* (most severe first), with what a
+    console log's *claims* prove (evidence files: :class:`ddptop.bundle.reader.Contents`)."""
     config = config or DiagnosisConfig()
     # The rate rules look back window_s from now; the margin covers ranks whose clocks run
     # a little behind the viewer's. More history only costs: at 4096 ranks every sample
     # copied is a cache miss (~60 ms per 30 s of samples).
     span = config.window_s + HISTORY_MARGIN_S
-    return diagnose(model.snapshot(now), recent_histories(model, now, span), now, config)
+    return diagnose(model.snapshot(now), recent_histories(model, now, span), now, config, claims=claims)
 
 
 def recent_histories(model: JobModel, now: float, span_s: float) -> dict[int, list[Sample]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from ddptop.diagnosis import (
     rules_collectives,
@@ -19,6 +19,7 @@ from ddptop.diagnosis import (
     rules_watchdog,
     rules_wavefront,
 )
+from ddptop.diagnosis.claims import Claim, claim_findings
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.culprit_frames import with_frames
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
@@ -66,19 +67,21 @@ RATE_RULES: tuple[Rule, ...] = (rules_progress.straggler, rules_progress.input_b
 
 
 def diagnose(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
-             config: DiagnosisConfig | None = None) -> list[Finding]:
-    """Every finding for the job at *now*, most severe first (pure; the clock is passed in)."""
-    return diagnose_by_rule(snapshot, histories, now, config)[0]
+             config: DiagnosisConfig | None = None, claims: Sequence[Claim] = ()) -> list[Finding]:
+    """Every finding for the job at *now*, most severe first (pure; the clock is passed in).
+    *claims*: what a console log's statements say (:mod:`ddptop.diagnosis.claims`)."""
+    return diagnose_by_rule(snapshot, histories, now, config, claims=claims)[0]
 
 
 def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                      config: DiagnosisConfig | None = None, reuse: Mapping[Rule, list[Finding]] | None = None,
-                     ) -> tuple[list[Finding], dict[Rule, list[Finding]]]:
+                     claims: Sequence[Claim] = ()) -> tuple[list[Finding], dict[Rule, list[Finding]]]:
     """:func:`diagnose`, and each rule's own findings; a rule in *reuse* is not run, its
     findings there are taken as they are (ddptop.diagnosis.cadence: the rate rules of a big
-    job between two of their runs)."""
+    job between two of their runs). The claims' findings come before every rule's: a
+    statement that names its culprit is the strongest evidence a log holds."""
     config = config or DiagnosisConfig()
-    found: list[tuple[int, Finding]] = []
+    found: list[tuple[int, Finding]] = [(-1, f) for f in claim_findings(list(claims))]
     by_rule: dict[Rule, list[Finding]] = {}
     # What several rules derive alike (active ranks, rate windows...) is computed once (memo).
     with one_diagnosis():

@@ -25,6 +25,7 @@ from collections import defaultdict
 from ddptop.diagnosis import nccl_statements as nccl
 from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.exit_reading import at_step, known_step, read_exit, told_by_log, where_known
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.diagnosis.rules_last_words import lost_peers
 from ddptop.errortext import innermost
@@ -79,11 +80,11 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
         return _aborted_by_nccl(order, histories)
     first = order[0]
     t0 = _ended_at(first, histories)
-    step = _last_step(first, histories)
+    # The step where the evidence holds one (a log alone does not): else None, never 0.
+    step = known_step(first, histories)
     why = snapshot.job.unreachable
-    evidence = [f"{_offset(_ended_at(s, histories), t0)}  rank {s.rank} on {s.host or '?'} "
-                f"(pid {s.pid or '?'}): "
-                f"{_how(s)}, step {_last_step(s, histories)}"
+    evidence = [f"{_offset(_ended_at(s, histories), t0)}rank {s.rank}{where_known(s)}: "
+                f"{_how(s)}{at_step(s, histories, ', step ')}"
                 + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
                 for s in order]
@@ -161,10 +162,26 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                        evidence=[*evidence, "their own stderr (a traceback), a crash file or their Flight "
                                             "Recorder dumps would tell which failed first"],
                        remedy=_remedy(first), step=step, since=t0)
+    at = at_step(first, histories, ", at step ")
+    if all(told_by_log(s, histories) for s in snapshot.ranks):
+        # Only logs tell of this job (no rank's dump or samples): its exit status read for what
+        # it usually means, and the order of its lines never taken for the order of the failures
+        # (#46). Where other ranks' dumps or samples are here, the whole job's evidence speaks.
+        reading = read_exit(first, alone=len(snapshot.ranks) == 1 and first.rank == 0)
+        ordered = len(order) == 1 or (t0 > 0 and _ended_at(order[1], histories) - t0 >= TIE_S)
+        if not (reading.certain and ordered):
+            because = reading.words if not reading.certain else "the log gives no times that order their ends"
+            return Finding(kind="rank_lost", severity="warning", ranks=[s.rank for s in order], certain=False,
+                           victims=[s.rank for s in order[1:]],
+                           title=f"{ranks_text([first.rank])}{where}{at}: {_how(first)}; "
+                                 f"from this log alone, {because}",
+                           evidence=[*evidence, f"read: {reading.words}"], remedy=_remedy(first),
+                           step=step, since=t0 or None)
+        evidence.append(f"read: {reading.words}")
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
                    victims=[s.rank for s in order[1:]],
-                   title=f"{ranks_text([first.rank])}{where} failed first, at step {step}: {_how(first)}",
-                   evidence=evidence, remedy=_remedy(first), step=step, since=t0)
+                   title=f"{ranks_text([first.rank])}{where} failed first{at}: {_how(first)}",
+                   evidence=evidence, remedy=_remedy(first), step=step, since=t0 or None)
 
 
 def _alike(s: RankState) -> str:
@@ -177,8 +194,9 @@ def _alike(s: RankState) -> str:
 
 
 def _offset(t: float, t0: float) -> str:
-    """'+  1.20 s' after the first failure; '     ?  ' where either time is unknown (a log line)."""
-    return f"+{t - t0:6.2f} s" if t and t0 else "    ?    "
+    """'+  1.20 s  ' after the first failure; nothing where either time is unknown (a log line
+    without a time stamp: no placeholder stands for a fact the evidence does not hold)."""
+    return f"+{t - t0:6.2f} s  " if t and t0 else ""
 
 
 def nccl_aborted(s: RankState) -> bool:
@@ -199,7 +217,7 @@ def _aborted_by_nccl(order: list[RankState], histories: dict[int, list[Sample]])
         remedy=("read the collective finding for who they waited for; where there is none, the lines of the "
                 "other ranks, their Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE) or PyTorch's desync "
                 "report (TORCH_NCCL_DESYNC_DEBUG=1) would tell"),
-        step=_last_step(order[0], histories))
+        step=known_step(order[0], histories))
 
 
 def node_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
@@ -288,7 +306,7 @@ def _how(s: RankState) -> str:
                 f"the rank then failed ({reason[:160] or 'no reason left'})")
     sig = s.exit_signal
     if sig in FATAL_SIGNALS:
-        return f"died of {sig}" + (f" ({reason})" if reason else "")
+        return f"died of {sig}" + (f" ({reason})" if reason and reason != f"died of {sig}" else "")
     if sig == "SIGKILL" and s.exit_cause == "oom_kill":
         return "killed by the OOM killer: " + _memory_words(s)
     if sig == "SIGKILL":

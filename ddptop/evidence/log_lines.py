@@ -13,8 +13,9 @@ What a job's console looks like depends on who launched it and how it was copied
   cut by ``\\r`` redraws, or wrapped by the issue form mid-token
   (``OpType=ALLRE`` / ``DUCE, Timeout(ms)=...``).
 
-:func:`read_lines` gives each line its text with the launcher's prefix taken off, and the
-global rank the prefix proves (None where none does). :func:`joined` puts a wrapped
+:func:`read_lines` gives each line its text with its prefixes taken off (the table of shapes,
+:mod:`ddptop.evidence.log_prefixes`, ANSI colours, and a prefix learnt from its repetition),
+and the global rank a prefix proves (None where none does). :func:`joined` puts a wrapped
 statement back together for the patterns that need all of it. Pure but for the one read.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ddptop.errors import EvidenceError
+from ddptop.evidence.log_prefixes import BY_NAME, SHAPES, PrefixShape, learnt_prefix, mostly
 from ddptop.store.remains import read_bounded
 
 MAX_LOG_BYTES = 64 << 20  # the tail of a longer log is read
@@ -41,12 +43,8 @@ class LogLine(NamedTuple):
     host: str = ""  # pdsh's host prefix (deepspeed), else ""
 
 
-_TORCHRUN = re.compile(r"^\[(?!rank\d)(?:default|[A-Za-z_]{1,32})(\d{1,7})\]:")  # [default3]: torchrun --tee
-_RANK = re.compile(r"^\[rank(\d{1,7})\]: ?")
-_SRUN = re.compile(r"^\s{0,4}(\d{1,6}): ")
-_MPIRUN = re.compile(r"^\[\d{1,6},(\d{1,7})\]<std(?:out|err)>: ?")
-_NUMBERED = re.compile(r"^\[\d{1,7}\] ")  # a viewer's line numbers, copied with the lines
-_PDSH = re.compile(r"^([a-z][a-z0-9_.-]{0,62}\d[a-z0-9_.-]{0,30}|localhost|\d{1,3}(?:\.\d{1,3}){3}): ")
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,16}[A-Za-z]")  # a colour inside a line (rich, loguru)
+_BRACKET_NUMBER = BY_NAME["viewer line number"]  # "[N] ": a viewer's line number, or mpich's rank
 
 
 def read_lines(path: str | os.PathLike[str]) -> tuple[list[LogLine], bool]:
@@ -61,36 +59,74 @@ def read_lines(path: str | os.PathLike[str]) -> tuple[list[LogLine], bool]:
 
 
 def parse_lines(text: str) -> list[LogLine]:
-    """:func:`read_lines` over text already read."""
+    """:func:`read_lines` over text already read: each line's prefixes (the table of
+    :mod:`ddptop.evidence.log_prefixes`, then one learnt from repetition) taken off."""
     raw = text.splitlines()[-MAX_LINES:]  # splitlines splits on \r too: each redraw its own line
-    if _mostly(raw, _NUMBERED):
-        raw = [_NUMBERED.sub("", line, count=1) for line in raw]
-    srun = _mostly(raw, _SRUN)
-    pdsh = _mostly(raw, _PDSH)
-    return [_line(line[:MAX_LINE], srun, pdsh) for line in raw]
+    raw = [_ANSI.sub("", line[:MAX_LINE]) if "\x1b" in line else line[:MAX_LINE] for line in raw]
+    present = {shape.name for shape in SHAPES if not shape.everywhere or mostly(raw, shape)}
+    if "viewer line number" in present and _ranks_in_brackets(raw):
+        present.discard("viewer line number")  # "[0] " "[1] " again and again: mpich's ranks
+    else:
+        present.discard("mpich -prepend-rank")
+    shapes = _Shapes([shape for shape in SHAPES if shape.name in present])
+    out = [shapes.read(line) for line in raw]
+    learnt = learnt_prefix([ln.text for ln in out])
+    if learnt is not None:  # taken off, then the known shapes after it read again
+        out = [_relearnt(ln, learnt, shapes) for ln in out]
+    return out
 
 
-def _mostly(lines: list[str], prefix: re.Pattern[str]) -> bool:
-    """True where most non-empty lines of the first thousand carry *prefix* (a launcher's
-    prefix is on every line; a bare "3: " or "node-1: " inside one line is not a prefix)."""
-    sample = [ln for ln in lines[:1000] if ln.strip()]
-    return bool(sample) and sum(1 for ln in sample if prefix.match(ln)) * 2 > len(sample)
+def _relearnt(line: LogLine, learnt: re.Pattern[str], shapes: _Shapes) -> LogLine:
+    m = learnt.match(line.text)
+    if m is None:
+        return line
+    again = shapes.read(line.text[m.end():])
+    return LogLine(again.text, again.rank if again.rank is not None else line.rank, again.host or line.host)
 
 
-def _line(line: str, srun: bool, pdsh: bool) -> LogLine:
-    rank: int | None = None
-    host = ""
-    if pdsh and (m := _PDSH.match(line)):
-        host, line = m.group(1), line[m.end():]
-    if (srun and (m := _SRUN.match(line))) or (m := _MPIRUN.match(line)):
-        rank, line = int(m.group(1)), line[m.end():]
-        if m := _MPIRUN.match(line):  # mpirun repeats its prefix where two writes met on one line
-            line = line[m.end():]
-    if m := _TORCHRUN.match(line):
-        line = line[m.end():]
-    if m := _RANK.match(line):
-        rank, line = int(m.group(1)), line[m.end():]
-    return LogLine(line, rank, host)
+def _ranks_in_brackets(lines: list[str]) -> bool:
+    """True where the lines' "[N] " take few values, again and again (a launcher's rank), not
+    one per line (a viewer's line numbers)."""
+    values = [m.group(0) for ln in lines[:1000] if (m := _BRACKET_NUMBER.pattern.match(ln))]
+    return len(values) >= 4 and len(set(values)) * 4 <= len(values)
+
+
+class _Shapes:
+    """The shapes a file holds, each tried only on lines that can begin with it, in the table's
+    order (a two-million-line log: the Python loop over every row was most of its reading)."""
+
+    def __init__(self, shapes: list[PrefixShape]) -> None:
+        self.shapes = shapes
+        self.by_first: dict[str, list[int]] = {}
+        for index, shape in enumerate(shapes):
+            for char in shape.starts:
+                self.by_first.setdefault(char, []).append(index)
+
+    def read(self, line: str) -> LogLine:
+        """*line* with its prefixes off, and the rank and host they prove."""
+        rank: int | None = None
+        host = ""
+        done = -1  # each shape once, outermost first: a later one never comes before an earlier
+        while True:
+            for index in self.by_first.get(line[:1], ()):
+                if index <= done:
+                    continue
+                shape = self.shapes[index]
+                m = shape.pattern.match(line)
+                if m is None:
+                    continue
+                said = m.group(1) if m.groups() else None
+                if said and shape.gives in ("rank", "task"):
+                    rank = int(said)  # srun's task id is the global rank under one task per rank
+                elif said and shape.gives == "host":
+                    host = said
+                line = line[m.end():]
+                if shape.name == "mpirun --tag-output" and (again := shape.pattern.match(line)):
+                    line = line[again.end():]  # mpirun repeats its prefix where two writes met
+                done = index
+                break
+            else:
+                return LogLine(line, rank, host)
 
 
 _GLUE = re.compile(r"\[(?:E|W|I)[\d ]|\[rank\d{1,7}\]:|\[Rank \d|\[PG |Watchdog caught|Traceback \(most")

@@ -41,6 +41,7 @@ class Statements:
     local_is_global: bool = False
     notes: list[str] = field(default_factory=list)
     read: list[str] = field(default_factory=list)  # what kinds were read, for the file's summary
+    several_groups: bool = False  # some line names a process group other than the default one
 
     def add(self, rank: int, text: str) -> None:
         said = self.by_rank.setdefault(rank, [])
@@ -118,6 +119,7 @@ def _timeouts(out: Statements, timeouts: list[tuple[int | None, nccl.Timeout]]) 
     if not timeouts:
         return
     several = _multi_group(timeouts)
+    out.several_groups = several
     unmapped: dict[str, set[int]] = {}
     for prefix_rank, t in timeouts:
         rank = _global(prefix_rank, t.group_rank, t.pg, t.pg_desc, several)

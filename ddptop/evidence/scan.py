@@ -23,6 +23,7 @@ import msgspec
 from ddptop.bundle.format import GZIP_MAGIC
 from ddptop.bundle.reader import Contents
 from ddptop.bundle.record_dir import HISTORY_FILE, RECENT_GLOB, read_recording
+from ddptop.diagnosis.claims import Claim
 from ddptop.errors import BundleError, DdptopError
 from ddptop.evidence import elastic_error, frdump, torchrun_log
 from ddptop.evidence.fold import fold_evidence
@@ -49,10 +50,12 @@ class Evidence:
     recordings: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ignored: list[Path] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)  # what console logs' statements claim
+    console_logs: int = 0  # text files read as a job's console
 
     def empty(self) -> bool:
-        """Nothing usable was found."""
-        return not (self.dumps or self.failures or self.recordings)
+        """Nothing usable was found (a console log read is something, even one that names no rank)."""
+        return not (self.dumps or self.failures or self.recordings or self.console_logs)
 
 
 def is_recording(path: Path) -> bool:
@@ -79,7 +82,10 @@ def gather(paths: Sequence[str | os.PathLike[str]]) -> Evidence:
                 elif not child.name.endswith(".ddptop"):
                     _read_one(child, found, budget, pending)
             continue
-        for file in ([path] if not path.is_dir() else _files(path, found)):
+        if not path.is_dir():
+            _read_one(path, found, budget, pending, named=True)
+            continue
+        for file in _files(path, found):
             _read_one(file, found, budget, pending)
     _read_dumps(pending, found)
     return found
@@ -95,9 +101,11 @@ def _read_console(path: Path, found: Evidence) -> None:
 
 
 def _read_log(path: Path, found: Evidence) -> None:
-    failures, notes = torchrun_log.read_log(path)
-    found.failures += failures
-    found.warnings += notes
+    log = torchrun_log.read_console_log(path)
+    found.failures += log.failures
+    found.warnings += log.notes
+    found.claims += log.claims
+    found.console_logs += 1
 
 
 def _read_dumps(paths: list[Path], found: Evidence) -> None:
@@ -154,10 +162,13 @@ def load_evidence(paths: Sequence[str | os.PathLike[str]], *, job_id: str = "") 
                                   + ": only the first recording is read")
         if not found.dumps and not found.failures:
             base.warnings += found.warnings
+            base.log_claims, base.console_logs = found.claims, found.console_logs
             return base
     name = job_id or _job_name(paths)
-    return fold_evidence(found.dumps, found.failures, job_id=name, path=str(paths[0]),
-                         warnings=found.warnings, base=base)
+    contents = fold_evidence(found.dumps, found.failures, job_id=name, path=str(paths[0]),
+                             warnings=found.warnings, base=base)
+    contents.log_claims, contents.console_logs = found.claims, found.console_logs
+    return contents
 
 
 def _job_name(paths: Sequence[str | os.PathLike[str]]) -> str:
@@ -198,6 +209,21 @@ def _head(path: Path) -> bytes:
         os.close(fd)
 
 
+def _is_text(head: bytes) -> bool:
+    """Text a person could have pasted: no NUL, and UTF-8 (a cut multi-byte character at the
+    end of the head aside) or mostly printable."""
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+        return True
+    except UnicodeDecodeError as exc:
+        if exc.start >= len(head) - 3:
+            return True
+    printable = sum(1 for b in head if b >= 32 or b in (9, 10, 13))
+    return printable >= 0.95 * len(head)
+
+
 def _tail(path: Path) -> bytes:
     """The last TAIL_BYTES of a text file (where a failed job's console says why)."""
     try:
@@ -207,7 +233,10 @@ def _tail(path: Path) -> bytes:
     return data
 
 
-def _read_one(path: Path, found: Evidence, budget: list[int], pending: list[Path]) -> None:
+def _read_one(path: Path, found: Evidence, budget: list[int], pending: list[Path],
+              named: bool = False) -> None:
+    """Read *path* by what its first bytes are; a file the person *named* that is text is read
+    as a console log whatever it says (#46: never "not recognised" for a readable log)."""
     head = _head(path)
     if not head:
         found.ignored.append(path)
@@ -228,7 +257,8 @@ def _read_one(path: Path, found: Evidence, budget: list[int], pending: list[Path
         elif elastic_error.looks_like_elastic_error(head):
             found.failures += elastic_error.read_elastic_error(path)
         elif torchrun_log.looks_like_torchrun_log(head) or (
-                size > HEAD_BYTES and torchrun_log.looks_like_torchrun_log(_tail(path))):
+                size > HEAD_BYTES and torchrun_log.looks_like_torchrun_log(_tail(path))) or (
+                named and _is_text(head)):
             _read_log(path, found)  # a long console's first lines may be the training's own output
         else:
             found.ignored.append(path)

@@ -33,12 +33,15 @@ import os
 import re
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
+from ddptop.diagnosis.claims import Claim
 from ddptop.diagnosis.nccl_statements import TRACE_LAST
 from ddptop.errortext import innermost
+from ddptop.evidence.log_claims import claims_of, recognised
 from ddptop.evidence.log_lines import MAX_LOG_BYTES, LogLine, read_lines
 from ddptop.evidence.log_statements import Statements, statements
 from ddptop.evidence.types import RankFailure
@@ -69,8 +72,23 @@ def read_torchrun_log(path: str | os.PathLike[str]) -> list[RankFailure]:
     return read_log(path)[0]
 
 
+@dataclass
+class ConsoleLog:
+    """What one console log told: the ranks' failures, its claims, and notes on what was read."""
+
+    failures: list[RankFailure]
+    notes: list[str]
+    claims: list[Claim]
+
+
 def read_log(path: str | os.PathLike[str]) -> tuple[list[RankFailure], list[str]]:
     """:func:`read_torchrun_log`, and notes: what of the file was read and what was not."""
+    log = read_console_log(path)
+    return log.failures, log.notes
+
+
+def read_console_log(path: str | os.PathLike[str]) -> ConsoleLog:
+    """Every failure, claim and note of the log at *path* (EvidenceError if it cannot be read)."""
     p = Path(path)
     lines, cut = read_lines(p)
     texts = [ln.text for ln in lines]
@@ -102,14 +120,23 @@ def read_log(path: str | os.PathLike[str]) -> tuple[list[RankFailure], list[str]
     notes += said.notes
     if cut:
         notes.append(f"{p}: longer than {MAX_LOG_BYTES >> 20} MiB: only its end was read")
-    if not out and any(ln.text.strip() for ln in lines):
-        notes.append(f"{p}: read as a training job's console, but no line in it says which rank wrote it "
-                     "(no [rankN]: prefix, torchrun summary or NCCL rank): nothing can be attributed; "
-                     "`torchrun --tee 3` or `srun -l` label each line")
     read = list(dict.fromkeys(said.read))
-    if read and (said.notes or notes):
-        notes.insert(0, f"{p}: read " + ", ".join(read))
-    return [out[r] for r in sorted(out) if r >= 0], notes
+    claims = _with_pids(claims_of(lines, default_group_only=not said.several_groups), out)
+    if not out and not any(c.culprits or c.victims or c.named for c in claims) and any(ln.text.strip()
+                                                                                      for ln in lines):
+        notes.append(f"{p}: read as a training job's console, but no line in it says which rank wrote it "
+                     "(no [rankN]: prefix, torchrun summary or NCCL rank): nothing can be attributed to a "
+                     "rank; `torchrun --tee 3` or `srun -l` label each line")
+    notes.insert(0, f"{p}: {recognised(lines, claims, tracebacks, read, len(summary))}")
+    return ConsoleLog([out[r] for r in sorted(out) if r >= 0], notes, claims)
+
+
+def _with_pids(claims: list[Claim], failures: dict[int, RankFailure]) -> list[Claim]:
+    """The OOM killer names a pid: the rank whose failure has that pid is the one it killed."""
+    by_pid = {f"pid {f.pid}": rank for rank, f in failures.items() if f.pid}
+    return [msgspec.structs.replace(c, culprits=[by_pid[c.place]],
+                                    source=f"{c.source}, pid of rank {by_pid[c.place]}")
+            if c.kind == "oom_killer" and c.place in by_pid else c for c in claims]
 
 
 def _local_exits(out: dict[int, RankFailure], said: Statements, source: str) -> list[str]:

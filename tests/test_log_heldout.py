@@ -1,0 +1,92 @@
+"""Logs nobody tuned on (#46): tests/data/logs_heldout, split before any reader code.
+
+The tune half was read while the reader was written; the holdout half was measured once,
+at the end, and its figure pinned here as measured (nothing was changed after it). On both,
+and on the old corpus:
+
+* no healthy rank is ever named as a certain cause;
+* no log is refused (the CLI's exit 2 is for a missing or unreadable path only);
+* "right" (tests/log_scoring.py) holds at least the measured share;
+* no step, host or pid the log does not hold is printed ("at step 0", "on ?", "pid ?").
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ddptop.cli.main import main
+from tests.log_scoring import diagnose_path, score, truth_of
+
+DATA = Path(__file__).parent / "data"
+TUNE, HOLDOUT, OLD = DATA / "logs_heldout" / "tune", DATA / "logs_heldout" / "holdout", DATA / "logs"
+# Measured: tune after the reader was written (14 of 20 before it, 11 refused, 1 healthy rank
+# named); the old corpus before and after (30 -> 32 of 36: exit statuses read for what they mean
+# stopped naming ranks 0 and 7 of 32 and 35); the holdout once, at the end: 17 of 19 (89 %; the
+# two: rank 1's "ncclCommInitRank failed" read as its own exception, and a "CUDA error: unknown
+# error" the thread shows on every GPU count read as rank 0's own).
+RIGHT_AT_LEAST = {TUNE: 20, OLD: 32, HOLDOUT: 17}
+
+
+@pytest.mark.parametrize("folder", [TUNE, OLD, HOLDOUT], ids=["tune", "old", "holdout"])
+def test_no_healthy_rank_named_no_log_refused_and_the_measured_share_right(folder: Path) -> None:
+    rows = score(folder)
+    assert len(rows) == len(truth_of(folder))
+    assert not [r.name for r in rows if r.false], [(r.name, r.named, r.titles[:1]) for r in rows if r.false]
+    assert not [r.name for r in rows if r.exit2]
+    right = sum(r.right for r in rows)
+    wrong = [(r.name, sorted(r.named), r.titles[:1]) for r in rows if not r.right]
+    assert right >= RIGHT_AT_LEAST[folder], wrong
+
+
+def test_the_halves_hold_at_least_thirty_logs_a_third_of_them_singling_out_no_rank() -> None:
+    tune, holdout = truth_of(TUNE), truth_of(HOLDOUT)
+    assert len(tune) + len(holdout) >= 30 and not set(tune) & set(holdout)
+    everyone = [*tune.values(), *holdout.values()]
+    assert sum(1 for t in everyone if not t["culprits"]) * 3 >= len(everyone)
+    assert {t["half"] for t in tune.values()} == {"tune"}
+    assert {t["half"] for t in holdout.values()} == {"holdout"}
+    old = (OLD / "SOURCE.md").read_text()
+    for folder, truth in ((TUNE, tune), (HOLDOUT, holdout)):
+        source = (folder / "SOURCE.md").read_text()
+        for name in truth:
+            thread = source.split(f"## {name}", 1)[1].split("- Thread: ", 1)[1].split(" ", 1)[0]
+            assert thread.startswith("https://github.com/") and thread not in old, (name, thread)
+            assert (folder / name).stat().st_size <= 64 << 10
+
+
+@pytest.mark.parametrize("path", sorted(TUNE.glob("*.log")) + sorted(OLD.glob("*.log")), ids=lambda p: p.name)
+def test_no_field_the_log_does_not_hold_is_printed(path: Path) -> None:
+    for f in diagnose_path(path):
+        assert f.step != 0 and f.since != 0, (f.step, f.since, f.title)  # --json: null, not 0
+        for text in (f.title, *f.evidence):
+            assert "at step 0" not in text and " on ?" not in text and "pid ?" not in text, text
+
+
+@pytest.mark.parametrize("name", ["cloudwatch-table-prefix-nccl-info.log",
+                                  "srun-task-ranges-world-size-mismatch.log",
+                                  "netib-peer-error12-one-line.log",
+                                  "monitored-barrier-rank1-names-rank0.log"])
+def test_doctor_never_exits_2_on_a_readable_log(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", str(TUNE / name)])
+    err = capsys.readouterr().err
+    assert code in (0, 1), err
+    assert re.search(r"\d+ lines?: ", err), err  # what was recognised, said in one line
+
+
+def test_nothing_conclusive_is_said_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", str(TUNE / "cloudwatch-table-prefix-nccl-info.log")]) == 0
+    captured = capsys.readouterr()
+    assert "nothing conclusive" in captured.err and "what would tell" in captured.err
+    assert "nothing conclusive" in captured.out
+
+
+def test_exit_2_is_for_a_missing_or_unreadable_path(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", str(tmp_path / "missing.log")]) == 2
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(b"\x7fELF\x00\x01\x02" * 100)
+    assert main(["doctor", str(binary)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) <= 2  # one-line errors, no traceback
