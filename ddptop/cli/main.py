@@ -46,26 +46,42 @@ def _load(module_name: str) -> ModuleType | None:
         raise
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (one subparser per available verb)."""
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser: a subparser per verb, the arguments of *verb* only (None: of every
+    verb). Each verb's module is imported only to configure it: a `ddptop snapshot` loads no
+    dashboard, launcher or agent code (a viewer polled every second pays for its imports)."""
     parser = _Parser(prog="ddptop", description="top for torchrun jobs")
     parser.add_argument("--version", action="version", version=f"ddptop {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb, (module_name, help_text) in VERBS.items():
+    for name, (module_name, help_text) in VERBS.items():
+        if verb is not None and name != verb:
+            sub.add_parser(name, help=help_text, description=help_text)  # listed, never parsed
+            continue
         module = _load(module_name)
         if module is None:
             continue
-        verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
+        verb_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(verb_parser)
         verb_parser.set_defaults(_run=module.run)
     return parser
 
 
+def chosen_verb(argv: Sequence[str]) -> str | None:
+    """The verb *argv* names (its first word that is not an option), if it is one of ours:
+    the global options take no value, so the first such word is the verb."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in VERBS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ddptop`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    verb = chosen_verb(words)
+    # Without a verb of ours (`ddptop`, `ddptop --help`, a typo) no verb is loaded: argparse
+    # lists them, or says which word it does not know.
+    parser = build_parser(verb if verb is not None else "")
+    args = parser.parse_args(words)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="ddptop: %(message)s")
     if not getattr(args, "_run", None):
