@@ -16,18 +16,15 @@ Ground truth: tests/data/logs/SOURCE.md and truth.json (from each thread), tests
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ddptop.bundle.reader import build_model, end_time
 from ddptop.diagnosis import findings_for_model
-from ddptop.diagnosis.finding import Finding
-from ddptop.diagnosis.story import blames, culprits
 from ddptop.evidence.scan import load_evidence
+from tests.log_scoring import diagnose_path, named, truth_of
 from tests.story_check import assert_one_story
 
 DATA = Path(__file__).parent / "data"
@@ -43,23 +40,8 @@ UNATTRIBUTABLE = {"23-interleaved-traceback-slurm-accelerate.log", "29-gloo-enfo
                   "30-gloo-connection-closed-by-peer.log"}
 
 
-def _truth(folder: Path) -> dict[str, dict[str, Any]]:
-    truth = json.loads((folder / "truth.json").read_text())
-    return {k: v for k, v in truth.items() if not k.startswith("_") and isinstance(v, dict)}
-
-
-def diagnose_paths(path: Path) -> list[Finding]:
-    contents = load_evidence([path])
-    return findings_for_model(build_model(contents), end_time(contents), claims=contents.log_claims)
-
-
-def named(findings: list[Finding]) -> set[int]:
-    """The ranks blamed with certainty at warning or worse (what precision counts)."""
-    return {r for f in findings if blames(f) for r in culprits(f)}
-
-
 def test_the_log_corpus_holds_twenty_real_logs_each_with_its_source() -> None:
-    truth = _truth(LOGS)
+    truth = truth_of(LOGS)
     logs = sorted(p.name for p in LOGS.glob("*.log"))
     assert len(logs) >= 20 and set(logs) == set(truth), set(logs) ^ set(truth)
     source = (LOGS / "SOURCE.md").read_text()
@@ -69,10 +51,10 @@ def test_the_log_corpus_holds_twenty_real_logs_each_with_its_source() -> None:
         assert (LOGS / name).stat().st_size <= 64 << 10
 
 
-@pytest.mark.parametrize("name", sorted(_truth(LOGS)))
+@pytest.mark.parametrize("name", sorted(truth_of(LOGS)))
 def test_a_real_log_names_no_healthy_rank(name: str) -> None:
-    truth = _truth(LOGS)[name]
-    findings = diagnose_paths(LOGS / name)
+    truth = truth_of(LOGS)[name]
+    findings = diagnose_path(LOGS / name)
     notes = load_evidence([LOGS / name]).warnings
     said = any("no line in it says which rank wrote it" in n for n in notes)
     assert said == (name in UNATTRIBUTABLE), (name, notes)
@@ -88,10 +70,10 @@ def test_a_real_log_names_no_healthy_rank(name: str) -> None:
 
 
 def test_the_desync_report_is_read_and_named_as_such() -> None:
-    (lead, *_) = diagnose_paths(LOGS / "11-desync-report-rank7-lagging.log")
+    (lead, *_) = diagnose_path(LOGS / "11-desync-report-rank7-lagging.log")
     assert (lead.kind, lead.ranks, lead.certain) == ("collective_stall", [7], True), lead
     assert "desync report" in lead.title and "finished collective #182 and never joined #183" in lead.title
-    every = diagnose_paths(LOGS / "12-desync-report-all-joined-network.log")
+    every = diagnose_path(LOGS / "12-desync-report-all-joined-network.log")
     lead = every[0]
     assert lead.ranks == [] and lead.certain and "every rank joined" in lead.title, lead
     assert lead.victims == list(range(16)) and "network" in lead.title, lead
@@ -106,7 +88,7 @@ def test_group_local_ranks_of_several_groups_are_said_not_named(capsys: pytest.C
 
 
 def _sets(folder: Path) -> list[str]:
-    return sorted(name for name in _truth(folder) if (folder / name).is_dir())
+    return sorted(name for name in truth_of(folder) if (folder / name).is_dir())
 
 
 DUMP_SETS = [(MOE, n) for n in _sets(MOE)] + [(NVRX, n) for n in _sets(NVRX)]
@@ -114,10 +96,10 @@ DUMP_SETS = [(MOE, n) for n in _sets(MOE)] + [(NVRX, n) for n in _sets(NVRX)]
 
 @pytest.mark.parametrize(("folder", "name"), DUMP_SETS, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_dump_sets_of_many_groups_name_stopped_ranks_and_never_a_healthy_one(folder: Path, name: str) -> None:
-    truth = _truth(folder)[name]
+    truth = truth_of(folder)[name]
     culprit = set(truth["culprits"])
     healthy = set(truth.get("healthy") or (set(range(16 if folder == NVRX else 8)) - culprit))
-    findings = diagnose_paths(folder / name)
+    findings = diagnose_path(folder / name)
     blamed = named(findings)
     assert not blamed & healthy, (blamed, [f.title for f in findings])
     if not culprit:
@@ -135,8 +117,8 @@ def test_nvidias_real_moe_dumps_recall_at_least_nvidias_own_tool() -> None:
     """NVIDIA's attribution finds 7 of the 8 faulted ranks on these sets with none false."""
     found = total = 0
     for name in _sets(NVRX):
-        truth = set(_truth(NVRX)[name]["culprits"])
-        found += len(named(diagnose_paths(NVRX / name)) & truth)
+        truth = set(truth_of(NVRX)[name]["culprits"])
+        found += len(named(diagnose_path(NVRX / name)) & truth)
         total += len(truth)
     assert (found, total) == (7, 8) or found == total, (found, total)
 
@@ -144,7 +126,7 @@ def test_nvidias_real_moe_dumps_recall_at_least_nvidias_own_tool() -> None:
 def test_a_group_named_by_its_members_not_by_the_dumps_pg_status_keys() -> None:
     """gloo's dumps key pg_status by the rank's own pg id (1, 2, 3): read as names they put
     rank 0 in groups 2 and 3 (tp groups of ranks 2-3 and 4-5)."""
-    findings = diagnose_paths(MOE / "stop_dp")
+    findings = diagnose_path(MOE / "stop_dp")
     text = " ".join([f.title for f in findings] + [e for f in findings for e in f.evidence])
     for m in re.finditer(r"group (\d+) (\w+) \(ranks ([\d,-]+)\)", text):
         assert m.group(3) != "0-7", m.group(0)

@@ -91,7 +91,7 @@ def _set_apart_earlier(found: HostJobs) -> None:
         ranks = found.every.get(job_id, [])
         earlier = [e for e in ranks if e not in live and discovery.earlier_incarnation(e, live)]
         if earlier:
-            found.earlier[job_id] = earlier
+            found.earlier[job_id] = found.earlier.get(job_id, []) + earlier
             found.every[job_id] = [e for e in ranks if e not in earlier]
 
 
