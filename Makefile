@@ -53,7 +53,7 @@ test: $(STAMP) lint typecheck contracts sysdeps
 
 # The long tests (marker "long"): 16,384 and 32,768 ranks, and the variants of end-to-end
 # paths that a shorter test in `make test` walks too (more frameworks, more faults, more
-# hosts). Not in `make test`, which CI runs within 20 minutes on a 2-core machine; run them
+# hosts). Not in `make test`, which CI runs within 15 minutes on a 2-core machine; run them
 # before a change to the viewer's, the agents' or the diagnosis' hot paths, or to the
 # code a variant exercises, lands.
 test-long: $(STAMP)
