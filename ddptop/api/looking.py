@@ -97,9 +97,13 @@ def diagnose(*targets: Target, watch: float = DEFAULT_WATCH_S,
     read = EvidenceRead()
     model, now = read_model(list(targets), watch, said, read)
     report = report_of(model, now, read.claims)
-    if read.console_logs and not any(blames(f) for f in report.findings):
-        said.append(NOTHING_CONCLUSIVE)
+    said += inconclusive(read.console_logs, report)
     return report
+
+
+def inconclusive(console_logs: int, report: FindingsReport) -> list[str]:
+    """The "nothing conclusive" said where console logs were read and no finding names a cause."""
+    return [NOTHING_CONCLUSIVE] if console_logs and not any(blames(f) for f in report.findings) else []
 
 
 def read_evidence(*paths: str | os.PathLike[str]) -> Evidence:
@@ -110,9 +114,7 @@ def read_evidence(*paths: str | os.PathLike[str]) -> Evidence:
     contents = load_evidence([Path(p) for p in paths])
     model, now = build_model(contents), end_time(contents)
     report = report_of(model, now, contents.log_claims)
-    said = list(contents.warnings)
-    if contents.console_logs and not any(blames(f) for f in report.findings):
-        said.append(NOTHING_CONCLUSIVE)
+    said = list(contents.warnings) + inconclusive(contents.console_logs, report)
     return Evidence(snapshot=model.snapshot(now), findings=report, warnings=said)
 
 

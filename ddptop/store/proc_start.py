@@ -15,6 +15,7 @@ side imports this. Reads of ``/proc`` only; never a signal.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def own_start_ticks() -> int:
     return start_ticks("self")
 
 
+@functools.cache  # the boot time does not change while a process lives: /proc/stat read once
 def _boot_time() -> float:
     try:
         with open(PROC / "stat", "rb") as fh:
