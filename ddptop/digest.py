@@ -80,6 +80,7 @@ DETAIL_FIELDS: frozenset[str] = frozenset((
     # group structure
     "collectives[].pg", "collectives[].desc", "collectives[].size", "collectives[].backend",
     "collectives[].timeout_s", "collectives[].ranks", "collectives[].last_completed",
+    "collectives[].enqueued",
     "collectives[].recent",
     # a collective entered or left: the pending ops' identity
     "collectives[].pending[].seq", "collectives[].pending[].op", "collectives[].pending[].sizes",
@@ -127,7 +128,7 @@ def _op_key(op: PendingOp) -> tuple[Any, ...]:
 
 def _group_key(g: CollectiveGroup) -> tuple[Any, ...]:
     # Lists are compared by value, not copied: a group's ranks may be thousands long.
-    return (g.pg, g.desc, g.size, g.backend, g.timeout_s, g.ranks, g.last_completed, g.recent,
+    return (g.pg, g.desc, g.size, g.backend, g.timeout_s, g.ranks, g.last_completed, g.enqueued, g.recent,
             tuple(map(_op_key, g.pending)) if g.pending else ())
 
 

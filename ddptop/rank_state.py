@@ -75,6 +75,10 @@ class CollectiveGroup(msgspec.Struct, gc=False, kw_only=True):
     ranks: Annotated[list[int], msgspec.Meta(max_length=1 << 17)] = []
     # The last seq FR saw completed on this group (pg_status), None where unknown.
     last_completed: int | None = None
+    # The last collective FR saw this rank enqueue on the group (pg_status), None where unknown;
+    # sent while the group stands still. Unlike ``seq`` it never counts point-to-point ops (gloo's
+    # seq counts every send and recv), so it compares across the stages of a pipeline.
+    enqueued: int | None = None
 
 
 class GpuInfo(msgspec.Struct, gc=False, kw_only=True):

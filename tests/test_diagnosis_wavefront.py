@@ -89,7 +89,10 @@ def test_only_the_rank_that_never_entered_is_named_among_many_healthy() -> None:
     dumps = [dump(r, {"0": world}, allreduces("0", 40 if r == 37 else 41, pending=r != 37)) for r in world]
     found = diagnose(dumps)
     assert named(found) == {37}
-    assert "rank 37 never entered all_reduce [8] float32 #41" in found[0].title
+    # The same words as live: the waiters, their op and age, then the sink's state (one story).
+    assert found[0].title.endswith("in nccl:all_reduce #41; rank 37 never entered it"), found[0].title
+    edge = "ranks 0-36,38-63 wait in all_reduce [8] float32 #41 for rank 37"
+    assert any(e.startswith(edge) for e in found[0].evidence), found[0].evidence
 
 
 def test_a_rank_without_a_dump_is_named_only_when_nothing_surer_is() -> None:

@@ -93,7 +93,8 @@ def news_state(state: RankState) -> RankState:
     """*state* as the other agents get it: what a post-mortem reads (identity, progress,
     how it ended, pending collectives, loaders, memory), without the bulk (recent ops, env)."""
     groups = [CollectiveGroup(pg=g.pg, seq=g.seq, size=g.size, pending=g.pending[:4], ranks=g.ranks,
-                              last_completed=g.last_completed) for g in state.collectives[:16]]
+                              last_completed=g.last_completed, enqueued=g.enqueued)
+              for g in state.collectives[:16]]
     return msgspec.structs.replace(state, collectives=groups, env={},
                                    exit_reason=state.exit_reason[-MAX_REASON:],
                                    worker_crashes=state.worker_crashes[:2], loader_worker_pids=[])

@@ -16,6 +16,7 @@ from ddptop.diagnosis import (
     rules_reports,
     rules_system,
     rules_unresponsive,
+    rules_waits,
     rules_watchdog,
     rules_wavefront,
 )
@@ -39,7 +40,7 @@ Rule = Callable[[JobSnapshot, dict[int, list[Sample]], float, DiagnosisConfig], 
 RULES: tuple[Rule, ...] = (
     rules_reports.desync_report,  # PyTorch's own comparison of every rank: the strongest evidence
     rules_reports.fingerprint_mismatch,
-    rules_wavefront.collective_wavefront,
+    rules_wavefront.collective_wavefront,  # dumped ops: different calls at one seq
     rules_collectives.collective_mismatch,
     rules_last_words.gloo_size_mismatch,
     rules_watchdog.watchdog_timeout,
@@ -50,7 +51,7 @@ RULES: tuple[Rule, ...] = (
     rules_unresponsive.rank_unresponsive,
     rules_progress.unequal_batches,
     rules_identity.param_mismatch,
-    rules_collectives.collective_stall,
+    rules_waits.collective_stall,  # the wait-for graph: the sinks of the ranks' waits
     rules_progress.straggler,
     rules_progress.input_bound,
     rules_system.cpu_oversubscribed,

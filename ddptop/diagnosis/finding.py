@@ -18,6 +18,7 @@ KINDS: frozenset[str] = frozenset((
     "cpu_oversubscribed", "shm_pressure", "rank_lost", "param_mismatch", "version_mismatch",
     "gpu_heterogeneous", "rng_divergence", "unequal_eval_batches",
     "rank_unresponsive", "node_lost", "host_unreachable",
+    "collective_deadlock",  # added with the wait-for graph (#45)
 ))
 
 

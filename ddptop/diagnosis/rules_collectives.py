@@ -1,9 +1,9 @@
-"""Collective rules: collective_mismatch and collective_stall (catalog F2, F3, F5).
+"""collective_mismatch on live states (catalog F2, F3): ranks pending at one seq with different calls.
 
-Both read each rank's process groups: the sequence number (how many collectives the
-rank entered) and the pending ops the reporter took from the Flight Recorder once the
-group stopped advancing. A mismatch is certain whatever its age; a stall is judged by
-age, and "every rank in the same collective, young" is a legitimately slow save.
+Reads each rank's process groups: the pending ops the reporter took from the Flight
+Recorder once the group stopped advancing. A mismatch is certain whatever its age. Who
+waits for whom (a stall) is the wait-for graph's (:mod:`ddptop.diagnosis.rules_waits`);
+dumped collectives are compared by :mod:`ddptop.diagnosis.rules_wavefront`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from ddptop.diagnosis.common import active, fresh_ranks, group, human_duration, 
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
-from ddptop.diagnosis.op_semantics import Signature, signature, signer
+from ddptop.diagnosis.op_semantics import Signature, signer
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
-from ddptop.model.pace import EVERY, give_way
+from ddptop.model.pace import give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
-from ddptop.status import Status
 from ddptop.textfmt import op_tensors, op_text
 
 _UNKNOWN_OP = "collective"  # op name when only the seq (no Flight Recorder entry) shows the wait
@@ -154,141 +153,3 @@ def _unheard(states: list[RankState], pg: str, seq: int, entries: list[_Entry]) 
     groups = [g for s in states if (g := group(s, pg)) is not None]
     members = max([len(groups)] + [g.size for g in groups])
     return max(0, members - len(heard))
-
-
-def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
-                     config: DiagnosisConfig) -> list[Finding]:
-    """Ranks waiting in a collective a peer never entered, or every rank stuck in the same one."""
-    if wavefront_applies(snapshot):
-        return []
-    states = _considered(snapshot, now, config)
-    if len(states) < 2 and snapshot.job.world_size < 2:
-        return []  # a one-rank job has no peer to wait for
-    out: list[Finding] = []
-    for pg in _group_names(states):
-        give_way()  # each of these passes over every rank is ~5 ms at 32,768 (model.pace)
-        groups = {s.rank: g for s in states if (g := group(s, pg)) is not None}  # one lookup per rank
-        seqs = {rank: g.seq for rank, g in groups.items()}
-        give_way()
-        top = max(seqs.values(), default=0)
-        if top == 0:
-            continue  # start-up: no collective entered yet
-        pending = _pending_by_seq(states, pg, now).get(top, [])
-        if len({e.key for e in pending}) > 1:
-            continue  # a mismatch: collective_mismatch explains it
-        waiting = {e.rank: e for e in pending}
-        # Without Flight Recorder data, a rank at the top seq that has not moved is waiting too.
-        for rank, g in groups.items():
-            if rank not in waiting and g.seq == top and not g.pending \
-                    and g.seq_changed_at and now - g.seq_changed_at >= config.stall_s:
-                op = PendingOp(seq=top, op=_UNKNOWN_OP)
-                waiting[rank] = _Entry(rank, op, now - g.seq_changed_at, signature(op))
-        if not waiting:
-            continue
-        age = min(e.age for e in waiting.values())
-        behind = {r: q for r, q in seqs.items() if q < top}
-        gone = {r: st for r, st in _gone_ranks(snapshot).items() if r not in seqs}
-        size = max((g.size for g in groups.values()), default=0)
-        if pg == "0" or size == snapshot.job.world_size:
-            for r in snapshot.job.unreachable:
-                gone.setdefault(r, DID_NOT_REPORT)
-        op = next(iter(waiting.values())).op
-        where = f"{op.op} #{top}" + ("" if pg == "0" else f" (group {pg})")
-        if behind or gone:
-            finding = _partial_stall(snapshot, pg, where, waiting, behind, gone, age, now, config)
-        else:
-            finding = _all_stuck(snapshot, where, top, waiting, age, now, config)
-        if finding is not None:
-            out.append(finding)
-    return out
-
-
-def _gone_ranks(snapshot: JobSnapshot) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for i, s in enumerate(snapshot.ranks):
-        if not i % EVERY:
-            give_way()
-        if s.status in (Status.LOST, Status.CRASHED, Status.EXITED):
-            out[s.rank] = s.status + (f" ({s.exit_reason})" if s.exit_reason else "")
-    return out
-
-
-def _partial_stall(snapshot: JobSnapshot, pg: str, where: str, waiting: dict[int, _Entry],
-                   behind: dict[int, int], gone: dict[int, str], age: float, now: float,
-                   config: DiagnosisConfig) -> Finding | None:
-    if age < config.stall_s:
-        return None
-    by_rank = snapshot.by_rank()
-    lagging = sorted(set(behind) | set(gone))
-    # A rank behind whose newest state is older than the wait was not seen outside it: it may
-    # have entered since (a silent rank, a lagging sender). Only one heard after can be said
-    # to have never entered it.
-    began = now - age
-    unheard = {r for r in behind if by_rank[r].time < began}
-    evidence = [f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}"]
-    for r in sorted(behind):
-        s = by_rank[r]
-        last = f", last step {human_duration(now - s.last_step_at)} ago" if s.last_step_at else ""
-        at = f"seq {behind[r]}, step {s.step}{last}"
-        evidence.append(f"rank {r} not heard from since it began (last state "
-                        f"{human_duration(now - s.time)} ago: {at})" if r in unheard
-                        else f"rank {r} never entered it ({at})")
-    evidence += [f"rank {r} {why}" for r, why in sorted(gone.items())]
-    # Ranks this viewer never heard from at all (no discovery entry here, unreachable): not seen outside
-    # the collective either.
-    unreported = {r for r, why in gone.items() if why == DID_NOT_REPORT and r not in by_rank}
-    never = sorted(set(lagging) - unheard - unreported)
-    told = [f"{ranks_text(never)} never entered it"] if never else []
-    if unheard:
-        told.append(f"{ranks_text(sorted(unheard))} not heard from since it began")
-    if unreported:
-        told.append(f"{ranks_text(sorted(unreported))} never heard from")
-    op = next(iter(waiting.values())).op
-    if op.timeout_s:
-        evidence.append(f"the watchdog fires after {human_duration(op.timeout_s)}, "
-                        f"{human_duration(max(0.0, op.timeout_s - age))} from now")
-    critical = age >= config.stall_critical_s or bool(gone) or bool(
-        op.timeout_s and age >= op.timeout_s / 2)
-    return Finding(
-        kind="collective_stall", severity="critical" if critical else "warning", ranks=lagging,
-        title=f"{ranks_text(waiting)} have waited {human_duration(age)} in {where}; " + "; ".join(told),
-        evidence=evidence,
-        remedy=(f"look at what {ranks_text(lagging)} is doing (stacks: press s in `ddptop attach`): a rank "
-                "that loads data slowly, ran out of batches, or took another code path; if it is saving a "
-                "checkpoint, that is expected for the duration of the save"),
-        since=now - age,
-    )
-
-
-def _all_stuck(snapshot: JobSnapshot, where: str, top: int, waiting: dict[int, _Entry],
-               age: float, now: float, config: DiagnosisConfig) -> Finding | None:
-    first = top <= 1
-    limit = config.first_collective_stall_s if first else config.all_stuck_s
-    if age < limit or len(waiting) < len(active(snapshot)):
-        return None  # a young collective every rank is in: a slow save or a big all-gather
-    if any(e.op.op == _UNKNOWN_OP for e in waiting.values()):
-        return None  # seq not moving on every rank is idleness (eval, save), not proof of a collective
-    evidence = [f"all {len(waiting)} ranks have been inside {where} for {human_duration(age)}"]
-    utils = [s.gpu.util_percent for s in active(snapshot) if s.gpu and s.gpu.util_percent is not None]
-    if utils:
-        evidence.append(f"GPU busy {min(utils):.0f}-{max(utils):.0f}%")
-    p2p = sorted({w for s in active(snapshot) if s.gpu for w in s.gpu.p2p.values()})
-    if p2p:
-        evidence.append("NVML P2P status: " + ", ".join(p2p))
-    nccl = snapshot.job.backend == "nccl" or any("nccl" in e.op.op.lower() for e in waiting.values())
-    if first:
-        evidence.append("no rank completed any collective")
-        remedy = ("the first collective never completes: on nccl this is the P2P-transport signature; "
-                  "export NCCL_P2P_DISABLE=1 and retry (NCCL_DEBUG=INFO shows the transport chosen)"
-                  if nccl else
-                  "check the network between the ranks (firewall, interface: GLOO_SOCKET_IFNAME)")
-    else:
-        remedy = ("every rank is inside the same collective and none completes: check the network and "
-                  "NCCL_DEBUG=INFO output; a huge all-gather on a slow link can also take this long")
-    critical = age >= config.all_stuck_critical_s or (first and nccl and bool(utils) and min(utils) >= 90)
-    return Finding(
-        kind="collective_stall", severity="critical" if critical else "warning", ranks=sorted(waiting),
-        title=f"all {len(waiting)} ranks stuck in {where} for {human_duration(age)}"
-              + (" (the first collective)" if first else ""),
-        evidence=evidence, remedy=remedy, since=now - age,
-    )

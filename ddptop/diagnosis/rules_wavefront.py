@@ -65,29 +65,17 @@ class _Wait:
 
 def collective_wavefront(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,
                          config: DiagnosisConfig) -> list[Finding]:
-    """Culprits of a hang across every group, from the ranks' dumped collectives."""
+    """Ranks that entered the same seq of a group with different calls, from their dumped ops."""
     if not applies(snapshot):
         return []
     states = {s.rank: s for s in snapshot.ranks if s.collectives}
     groups = _groups(states.values())
-    waits = {r: w for r, s in states.items() if (w := _wait_of(s)) is not None}
-    world = set(range(snapshot.job.world_size)) | set(states)
     out: list[Finding] = []
     for g in sorted(groups.values(), key=lambda g: (g.name != "0", g.name)):
         mismatch = _mismatch(g)
         if mismatch is not None:
             out.append(mismatch)
-    if out:
-        return out  # different calls at one seq: the cause, whatever waits on it
-    explained: set[int] = set()
-    for g in sorted(groups.values(), key=lambda g: (g.name != "0", g.name)):
-        finding = _stall(g, groups, states, waits, world, explained)
-        if finding is not None:
-            out.append(finding)
-    # The group the culprit itself is missing from, the oldest wait first: its finding reads
-    # without the chain, and the collective it never entered first is where it stopped.
-    return sorted(out, key=lambda f: (not f.title.startswith(ranks_text(f.ranks) + " never entered"),
-                                      f.since or float("inf")))
+    return out
 
 
 def applies(snapshot: JobSnapshot) -> bool:
@@ -141,93 +129,3 @@ def _mismatch(g: _Group) -> Finding | None:
                        evidence=[f"{ranks_text(side)}: {op_text(ops[side[0]])} #{seq}" for side in ordered],
                        remedy=REMEDY_MISMATCH)
     return None
-
-
-def _stall(g: _Group, groups: dict[str, _Group], states: dict[int, RankState], waits: dict[int, _Wait],
-           world: set[int], explained: set[int]) -> Finding | None:
-    """The finding for one group whose members wait in a collective others never entered."""
-    if not g.entered:
-        return None
-    top = max(g.entered.values())
-    waiting = sorted(r for r, w in waits.items() if w.group == g.name and w.op.seq == top)
-    if not waiting or set(waiting) <= explained:
-        return None
-    missing = sorted(r for r in g.members if g.entered.get(r, -1) < top)
-    if g.name == "0":
-        missing = sorted(set(missing) | (world - set(states)))
-    if not missing:
-        return None
-    culprits: dict[int, str] = {}
-    chain: list[str] = []
-    for rank in missing:
-        _blame(rank, groups, states, waits, world, culprits, chain, set())
-    if not culprits:
-        return None
-    explained |= set(waiting)  # a missing rank waiting elsewhere still has its own group's story
-    op = waits[waiting[0]].op
-    # A rank whose dump shows it elsewhere is certain; one without a dump may have entered too.
-    # Name the certain ones when there are any, and say what is unknown of the others.
-    certain = sorted(r for r in culprits if r in states)
-    names = certain or sorted(culprits)
-    unknown = [r for r in sorted(culprits) if r not in names]
-    if set(names) <= g.members:
-        title = (f"{ranks_text(names)} never entered {op_text(op)} #{top} of {g.label()}, which "
-                 f"{ranks_text(waiting)} wait in")
-    else:  # the wait passes through other groups: name where it ends, not a group it is not in
-        title = (f"{ranks_text(waiting)} wait in {op_text(op)} #{top} of {g.label()} for "
-                 f"{ranks_text(missing)}, and their waits across groups end at {ranks_text(names)}: "
-                 f"{culprits[names[0]]}")
-    evidence = [f"rank {r}: {culprits[r]}" for r in names] + chain
-    if unknown:
-        evidence.append(f"{ranks_text(unknown)} left no dump: whether they entered #{top} is unknown")
-    evidence.append(f"waiting in #{top}: {ranks_text(waiting)} (victims, not causes)")
-    if len(evidence) > MAX_EVIDENCE:
-        evidence = [*evidence[:MAX_EVIDENCE - 1], f"+{len(evidence) - MAX_EVIDENCE + 1} more"]
-    victims = sorted((set(waiting) | set(missing) | {r for r in g.members if r in waits}) - set(culprits))
-    return Finding(kind="collective_stall", severity="critical", ranks=names, victims=victims, title=title,
-                   evidence=evidence, remedy=REMEDY_MISSING, since=op.started_at or None)
-
-
-def _blame(rank: int, groups: dict[str, _Group], states: dict[int, RankState], waits: dict[int, _Wait],
-           world: set[int], culprits: dict[int, str], chain: list[str], seen: set[int]) -> None:
-    """Follow *rank*'s own wait to whoever is at the end of it; record culprits and the chain."""
-    if rank in seen or len(seen) > MAX_CHAIN:
-        return
-    seen.add(rank)
-    state = states.get(rank)
-    if state is None:
-        culprits[rank] = "left no dump (dead, killed, or its dump was not collected)"
-        return
-    wait = waits.get(rank)
-    if wait is None:
-        last = _last_entered(state)
-        culprits[rank] = f"entered no collective since {last}: it is elsewhere (look at its stack and log)"
-        return
-    h = groups.get(wait.group)
-    if wait.op.is_p2p and wait.op.peer is not None:
-        chain.append(f"rank {rank} waits in {op_text(wait.op)} for rank {wait.op.peer}")
-        _blame(wait.op.peer, groups, states, waits, world, culprits, chain, seen)
-        return
-    if h is None:
-        return
-    behind = sorted(r for r in h.members if h.entered.get(r, -1) < wait.op.seq and r != rank)
-    if h.name == "0":
-        behind = sorted(set(behind) | (world - set(states)))
-    if not behind and len(h.members) > 1 and wait.op.seq < max(h.entered.values(), default=0):
-        # Every member entered it and some went further: nothing blocks this op, its completion
-        # was not recorded yet when the rank dumped (gloo retires from its own threads). The
-        # rank is not waiting: it is elsewhere.
-        culprits[rank] = (f"entered no collective since {_last_entered(state)}: it is elsewhere "
-                          "(look at its stack and log)")
-        return
-    chain.append(f"rank {rank} waits in {op_text(wait.op)} #{wait.op.seq} of {h.label()}"
-                 + (f" for {ranks_text(behind)}" if behind else
-                    ": every member the dumps show entered it (on gloo a group's members show only once "
-                    "they ran a collective in it)"))
-    for other in behind:
-        _blame(other, groups, states, waits, world, culprits, chain, seen)
-
-
-def _last_entered(state: RankState) -> str:
-    parts = [f"#{g.seq} of group {g.pg}" for g in state.collectives if g.seq]
-    return ", ".join(parts[:3]) or "the start"

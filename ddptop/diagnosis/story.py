@@ -30,7 +30,7 @@ import msgspec
 from ddptop.diagnosis.finding import Finding
 
 EVENT_KINDS = frozenset(("collective_mismatch", "collective_stall", "rank_lost", "node_lost",
-                         "rank_unresponsive", "host_unreachable"))
+                         "rank_unresponsive", "host_unreachable", "collective_deadlock"))
 MAX_SPREAD = 16  # lines of "how it spread" added to the lead
 CONSEQUENCE = "consequence of the first cause: "
 

@@ -24,9 +24,25 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-import msgspec
-
 from ddptop.protocol import ENQUEUE_STRIDE, CollectiveGroup, PendingOp
+from ddptop.reporter.fr_read import (  # re-exported: where callers have always found them
+    RECENT_PER_GROUP,
+    FrDump,
+    FrEntry,
+    FrPgStatus,
+    decode_fr,
+    enqueue_milestones,
+    milestones_of,
+    pending_from_dump,
+    pending_from_fr,
+    read_fr_json,
+    recent_ops,
+)
+from ddptop.reporter.p2p_wait import blocked_p2p
+
+__all__ = ["RECENT_PER_GROUP", "CollectiveTracker", "FrDump", "FrEntry", "FrPgStatus", "decode_fr",
+           "enqueue_milestones", "milestones_of", "pending_from_dump", "pending_from_fr", "read_fr_json",
+           "recent_ops"]
 
 ENQUEUE_TIMES_KEPT = 64  # milestones per group sent to viewers (~1 KB)
 # Seqs the default group must advance before the first timing read (enough milestones).
@@ -35,6 +51,10 @@ FIRST_TIMING_AFTER_SEQS = 8 * ENQUEUE_STRIDE
 FR_FULL_READS_PER_MIN = 6
 # Re-read spacing while stalled when this torch's FR has no per-group status.
 FR_STATUSLESS_REFRESH_S = 10.0
+# Subgroups whose members are sent with every state (their list is made once): what lets a
+# viewer follow a wait from one group into another while a member is silent or dead. Larger
+# groups are known from the ranks that report them.
+MEMBERS_SENT_UP_TO = 1024
 
 
 class CollectiveTracker:
@@ -56,6 +76,9 @@ class CollectiveTracker:
         self._last_record_id = -1  # FR entries up to this one were taken for milestones
         self._pg_ids: dict[str, str] = {}  # group name -> FR pg_id (learned from entries)
         self._milestones: dict[str, dict[int, float]] = {}
+        self._status: dict[str, FrPgStatus] = {}  # FR pg_id -> the group's counters, read while stalled
+        self._members: dict[str, list[int]] = {}  # group name -> global ranks (subgroups only)
+        self._p2p_seen: dict[tuple[str, str, int | None], float] = {}  # blocking send/recv -> first seen
         self.backend = ""
         self.status_reads = 0
         self.full_reads = 0
@@ -84,25 +107,30 @@ class CollectiveTracker:
             backend = str(entry[0]) if isinstance(entry, tuple) and entry else ""
             if name == "0" or not self.backend:
                 self.backend = self.backend or backend
+            size = int(pg.size())
             groups.append(
                 CollectiveGroup(
                     pg=name,
                     seq=seq,
                     desc=str(getattr(pg, "group_desc", "") or names.get(pg, "")),
-                    size=int(pg.size()),
+                    size=size,
                     backend=backend,
                     seq_changed_at=changed_at,
+                    ranks=self._members_of(c10d, pg, name, size),
                 )
             )
         read_pending = bool(stalled) and self._pending_read_due(stalled, now)
         if not stalled:
             self._pending = {}
+            self._status = {}
+            self._p2p_seen = {}
         read_timing = self._timing_due(groups, now)
         if (read_pending or read_timing) and self._full_read_allowed(now):
             dump = decode_fr(read_fr_json(backend=self.backend))
             self._remember_pg_ids(dump)
             if read_pending:
-                self._pending = pending_from_dump(dump, now)
+                self._pending = {name: [self._with_global_peer(name, op) for op in ops]
+                                 for name, ops in pending_from_dump(dump, now).items()}
                 self._seen_enqueued = {pg_id: st.last_enqueued_collective
                                        for pg_id, st in dump.pg_status.items()}
             if read_timing:
@@ -110,9 +138,17 @@ class CollectiveTracker:
             self._remember_milestones(dump)
         for group in groups:
             pending = self._pending.get(group.pg, [])
-            # Only ops at or beyond the group's seq can be pending: an op the seq moved
-            # past was followed by another, and FR entries may lag behind.
-            group.pending = [op for op in pending if op.seq >= group.seq]
+            status = self._status.get(self._pg_ids.get(group.pg, group.pg)) if group.pg in stalled else None
+            if status is not None and status.last_enqueued_collective >= 0:
+                group.enqueued = status.last_enqueued_collective
+                group.last_completed = status.last_completed_collective
+                # FR's own counters: gloo's seq also counts sends and recvs, FR's collective seq does not
+                done = status.last_completed_collective
+                group.pending = [op for op in pending if op.is_p2p or op.seq > done]
+            else:
+                # Only ops at or beyond the group's seq can be pending: an op the seq moved
+                # past was followed by another, and FR entries may lag behind.
+                group.pending = [op for op in pending if op.is_p2p or op.seq >= group.seq]
             for op in group.pending:
                 if op.started_at:
                     op.age_s = max(0.0, now - op.started_at)
@@ -121,7 +157,53 @@ class CollectiveTracker:
             marks = self._milestones.get(group.pg)
             if marks:
                 group.enqueue_times = sorted(marks.items())[-ENQUEUE_TIMES_KEPT:]
+        if stalled:
+            self._add_blocking_p2p(c10d, groups, names, now)
         return groups
+
+    def _with_global_peer(self, name: str, op: PendingOp) -> PendingOp:
+        # FR names a p2p op's peer within its group ("nccl:send 0->1"); viewers need the global rank
+        if not op.is_p2p or op.peer is None or name == "0":
+            return op
+        members = self._members.get(name) or []
+        op.peer = members[op.peer] if 0 <= op.peer < len(members) else None
+        return op
+
+    def _members_of(self, c10d: Any, pg: Any, name: str, size: int) -> list[int]:
+        if name == "0" or size > MEMBERS_SENT_UP_TO:
+            return []  # the default group is the whole job; a big group is known from its reporters
+        members = self._members.get(name)
+        if members is None:
+            try:
+                members = [int(r) for r in c10d.get_process_group_ranks(pg)]
+            except Exception:  # a group this rank is not part of, a torch without the call
+                members = []
+            self._members[name] = members
+        return members
+
+    def _add_blocking_p2p(self, c10d: Any, groups: list[CollectiveGroup], names: dict[Any, str],
+                          now: float) -> None:
+        """The blocking send/recv the main thread is in, as a pending p2p op of its group,
+        where the Flight Recorder has none (gloo records no p2p op)."""
+        wait = blocked_p2p(c10d)
+        if wait is None:
+            self._p2p_seen = {}
+            return
+        pg = wait.group if wait.group is not None else c10d._get_default_group()
+        name = _group_id(pg, names)
+        group = next((g for g in groups if g.pg == name), None)
+        if group is None or any(op.is_p2p for op in group.pending):
+            return
+        key = (name, wait.direction, wait.peer)
+        first = self._p2p_seen.setdefault(key, now)
+        self._p2p_seen = {key: first}
+        # gloo moves the group's seq as the op is entered: that moment is when the wait began
+        began = group.seq_changed_at if "gloo" in (group.backend or self.backend) else first
+        group.pending = [*group.pending, PendingOp(
+            seq=group.enqueued if group.enqueued is not None else group.seq,
+            op=f"{group.backend or self.backend or 'c10d'}:{wait.direction}", started_at=began,
+            age_s=max(0.0, now - began), timeout_s=group.timeout_s, state="scheduled", is_p2p=True,
+            peer=wait.peer)]
 
     def _pending_read_due(self, stalled: list[str], now: float) -> bool:
         """Whether a stalled group has an op in flight that the last full read did not see.
@@ -131,6 +213,7 @@ class CollectiveTracker:
         """
         status = decode_fr(read_fr_json(include_collectives=False, backend=self.backend)).pg_status
         self.status_reads += 1
+        self._status = dict(status)
         if not status:  # no per-group status in this torch: re-read, slowly
             return now - self._last_full_read >= FR_STATUSLESS_REFRESH_S
         due = False
@@ -191,156 +274,3 @@ def _group_id(pg: Any, names: dict[Any, str]) -> str:
         return str(pg.group_name)
     except Exception:
         return str(names.get(pg, "?"))
-
-
-def read_fr_json(include_collectives: bool = True, backend: str = "") -> str:
-    """Dump the Flight Recorder as JSON text ("" if unavailable in this torch).
-
-    Without collectives the dump holds only each group's status (last enqueued /
-    started / completed seq): microseconds instead of tens of milliseconds. NCCL's groups
-    record into a recorder of their own (CUDA events), dumped by ``_dump_nccl_trace_json``;
-    ``_dump_fr_trace_json`` holds the CPU backends' (gloo). Seen on an H100 with torch 2.11:
-    the generic dump of a NCCL job was empty, so no pending op was ever shown.
-    """
-    import torch
-
-    c10d = torch._C._distributed_c10d
-    dump = getattr(c10d, "_dump_nccl_trace_json", None) if "nccl" in backend else None
-    dump = dump or getattr(c10d, "_dump_fr_trace_json", None)
-    if dump is None:
-        return ""
-    try:
-        raw = dump(includeCollectives=include_collectives, onlyActive=False)
-    except TypeError:  # signatures differ between torch releases: take the defaults
-        raw = dump()
-    # torch returns bytes; str(bytes) would give "b'...'", which no JSON parser reads.
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw)
-
-
-# Typed views of an FR dump: only the fields ddptop uses are decoded (msgspec skips the
-# rest), lax about numbers given as strings (pg_status has "3000").
-
-
-class FrEntry(msgspec.Struct, gc=False):
-    """One FR entry (a collective or p2p op this rank enqueued)."""
-
-    record_id: int = -1
-    collective_seq_id: int = 0
-    pg_id: int | str = ""
-    process_group: list[str] = []
-    profiling_name: str = "?"
-    state: str = ""
-    retired: bool = False
-    is_p2p: bool = False
-    time_created_ns: int | float = 0
-    timeout_ms: int | float | None = None
-    input_sizes: list[Any] | None = None
-    output_sizes: list[Any] | None = None
-    input_dtypes: list[str] | None = None
-
-
-class FrPgStatus(msgspec.Struct, gc=False):
-    """A group's progress as FR counts it."""
-
-    last_enqueued_collective: int = -1
-    last_completed_collective: int = -1
-
-
-class FrDump(msgspec.Struct, gc=False):
-    """The parts of an FR dump ddptop reads."""
-
-    entries: list[FrEntry] = []
-    pg_status: dict[str, FrPgStatus] = {}
-
-
-def decode_fr(text: str | bytes) -> FrDump:
-    """An FR JSON dump, typed (empty when missing or unreadable)."""
-    if not text:
-        return FrDump()
-    try:
-        return msgspec.json.decode(text, type=FrDump, strict=False)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return FrDump()
-
-
-def _group_name(entry: FrEntry) -> str:
-    return str(entry.process_group[0]) if entry.process_group else str(entry.pg_id)
-
-
-def milestones_of(entries: list[FrEntry], stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
-    """Wall-clock enqueue time of every collective whose seq is a multiple of *stride*."""
-    out: dict[str, dict[int, float]] = {}
-    for entry in entries:
-        seq = entry.collective_seq_id
-        created = float(entry.time_created_ns) / 1e9
-        if entry.is_p2p or seq <= 0 or seq % stride or not created:
-            continue
-        out.setdefault(_group_name(entry), {})[seq] = created
-    return out
-
-
-def enqueue_milestones(text: str, stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
-    """Milestones (see :func:`milestones_of`) of an FR JSON dump."""
-    return milestones_of(decode_fr(text).entries, stride)
-
-
-def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:
-    """Parse an FR JSON dump into pending ops per group name, oldest first."""
-    return pending_from_dump(decode_fr(text), now)
-
-
-def pending_from_dump(dump: FrDump, now: float) -> dict[str, list[PendingOp]]:
-    """Pending ops per group name, oldest first, from a decoded FR dump."""
-    completed = {str(pg_id): st.last_completed_collective for pg_id, st in dump.pg_status.items()}
-    out: dict[str, list[PendingOp]] = {}
-    for entry in dump.entries:
-        if entry.is_p2p or entry.retired or entry.state == "completed":
-            continue
-        seq = entry.collective_seq_id
-        if seq <= completed.get(str(entry.pg_id), -1):
-            continue
-        created = float(entry.time_created_ns) / 1e9
-        timeout_ms = entry.timeout_ms
-        dtypes = entry.input_dtypes or []
-        out.setdefault(_group_name(entry), []).append(
-            PendingOp(
-                seq=seq,
-                op=entry.profiling_name,
-                sizes=[entry.input_sizes or [], entry.output_sizes or []],
-                dtype=str(dtypes[0]) if dtypes else "",
-                age_s=max(0.0, now - created) if created else 0.0,
-                started_at=created,
-                timeout_s=float(timeout_ms) / 1000 if timeout_ms else None,
-                state=entry.state,
-            )
-        )
-    for ops in out.values():
-        ops.sort(key=lambda op: op.seq)
-    return out
-
-
-RECENT_PER_GROUP = 32  # ops per group kept in last words: enough to span a step's collectives
-
-
-def recent_ops(dump: FrDump, per_group: int = RECENT_PER_GROUP) -> dict[str, list[PendingOp]]:
-    """The last *per_group* collectives of each group in a decoded FR dump, oldest first.
-
-    For the post-mortem: every rank's recent ops, compared by seq across ranks, show the
-    first collective at which the ranks did different things.
-    """
-    out: dict[str, list[PendingOp]] = {}
-    for entry in dump.entries:
-        seq = entry.collective_seq_id
-        if entry.is_p2p or seq <= 0:
-            continue
-        dtypes = entry.input_dtypes or []
-        out.setdefault(_group_name(entry), []).append(PendingOp(
-            seq=seq, op=entry.profiling_name,
-            sizes=[entry.input_sizes or [], entry.output_sizes or []],
-            dtype=str(dtypes[0]) if dtypes else "", started_at=float(entry.time_created_ns) / 1e9,
-            state=entry.state,
-        ))
-    for name, ops in out.items():
-        ops.sort(key=lambda op: op.seq)
-        out[name] = ops[-per_group:]
-    return out
