@@ -105,12 +105,17 @@ def _held_up(snapshot: JobSnapshot, graph: WaitGraph, sinks: frozenset[int], now
     waiting = sorted(r for r in victims if r not in names)
     here = (first.group, first.op.seq)
     one_hop = all((graph.waits[r].group, graph.waits[r].op.seq) == here for r in victims)
+    held = {r: next(graph.waits[d] for d in direct if r in graph.waits[d].waits_for) for r in names}
+    if not one_hop or first.op.is_p2p:  # "it" is no one collective: each sink with what its own peers need
+        states = {r: w.replace("never entered it", _not_in(held[r], graph), 1) for r, w in states.items()}
     told = _told(names, states)
     if one_hop:
         title = f"{_have(direct)} waited {human_duration(age)} in {where}; " + "; ".join(told)
     else:
-        title = (f"{_have(waiting)} waited {human_duration(age)}: their waits across groups end at "
-                 f"{ranks_text(names)}, " + "; ".join(told))
+        # "it" is no one op here: each sink is told with the op its own peers wait in
+        across = " across groups" if len({graph.waits[r].group for r in victims}) > 1 else ""
+        title = (f"{_have(waiting)} waited {human_duration(age)}: their waits{across} end at "
+                 f"{ranks_text(names)}: " + "; ".join(told))
     evidence = [f"rank {r} {states[r]}" for r in names[:MAX_SINK_LINES]]
     if len(names) > MAX_SINK_LINES:
         evidence.append(f"+{len(names) - MAX_SINK_LINES} more ranks held them up")
@@ -141,6 +146,14 @@ def _where(wait: Wait, graph: WaitGraph, sizes: bool = False) -> str:
     return f"{text} #{op.seq}" + ("" if wait.group == "0" else f" of {graph.groups[wait.group].label()}")
 
 
+def _not_in(wait: Wait, graph: WaitGraph) -> str:
+    """What a sink did not do that *wait* needs: enter the collective, or post the matching p2p op."""
+    if wait.op.is_p2p:
+        other = "send" if "recv" in wait.op.op else "recv"
+        return f"never posted the {other} that rank {wait.rank} waits for"
+    return f"never entered {_where(wait, graph)}"
+
+
 def _have(ranks: list[int]) -> str:
     return f"{ranks_text(ranks)} {'has' if len(set(ranks)) == 1 else 'have'}"
 
@@ -151,9 +164,13 @@ def _told(names: list[int], states: dict[int, str]) -> list[str]:
     for r in names:
         words = states[r].split(" (", 1)[0]
         by_words[words].append(r)
-    order = ("never entered it", "not heard from since it began", "never heard from")
-    return [f"{ranks_text(rs)} {words}" for words, rs in
-            sorted(by_words.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 9, kv[1][0]))]
+    order = ("never entered", "not heard from since it began", "never heard from")
+
+    def rank_of(words: str) -> int:
+        return next((i for i, o in enumerate(order) if words.startswith(o)), len(order))
+
+    ordered = sorted(by_words.items(), key=lambda kv: (rank_of(kv[0]), kv[1][0]))
+    return [f"{ranks_text(rs)} {words}" for words, rs in ordered]
 
 
 def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: WaitGraph, pg: str,
@@ -176,7 +193,9 @@ def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: Wa
         return "stopped (SIGSTOP or a debugger): it runs nothing"
     seq = graph.groups[pg].entered.get(rank)
     last = f", last step {human_duration(now - s.last_step_at)} ago" if s.last_step_at and not final else ""
-    at = (f"seq {seq}, " if seq is not None else "") + f"step {s.step}{last}"
+    # A step nobody counted (no optimizer step seen) is left out, not told as step 0
+    step = f"step {s.step}{last}" if s.step or s.last_step_at else ""
+    at = ", ".join(p for p in (f"seq {seq}" if seq is not None else "", step) if p)
     if not final and s.time and s.time < began:
         return f"not heard from since it began (last state {human_duration(now - s.time)} ago: {at})"
     return f"never entered it ({at})"
@@ -191,9 +210,10 @@ def _edge_lines(graph: WaitGraph, victims: set[int]) -> list[str]:
     lines = []
     for (_, _, _, waits_for), ranks in sorted(classes.items(), key=lambda kv: min(kv[1])):
         w = graph.waits[ranks[0]]
-        whom = ranks_text(waits_for) if waits_for else "no one it could name"
+        whom = ("" if w.op.is_p2p else f" for {ranks_text(waits_for)}" if waits_for
+                else " for no one it could name")
         verb = "waits" if len(ranks) == 1 else "wait"
-        lines.append(f"{ranks_text(ranks)} {verb} in {_where(w, graph, sizes=True)} for {whom}, "
+        lines.append(f"{ranks_text(ranks)} {verb} in {_where(w, graph, sizes=True)}{whom}, "
                      f"{human_duration(min(graph.waits[r].age for r in ranks))} (victims, not causes)")
     if len(lines) > MAX_EDGE_LINES:
         lines = [*lines[:MAX_EDGE_LINES], f"+{len(lines) - MAX_EDGE_LINES} more groups of waiting ranks"]

@@ -75,6 +75,7 @@ class CollectiveTracker:
         self._last_timing_read = 0.0
         self._last_record_id = -1  # FR entries up to this one were taken for milestones
         self._pg_ids: dict[str, str] = {}  # group name -> FR pg_id (learned from entries)
+        self._unmapped: set[str] = set()  # groups the last full read showed no entry of
         self._milestones: dict[str, dict[int, float]] = {}
         self._status: dict[str, FrPgStatus] = {}  # FR pg_id -> the group's counters, read while stalled
         self._members: dict[str, list[int]] = {}  # group name -> global ranks (subgroups only)
@@ -98,6 +99,7 @@ class CollectiveTracker:
             last = self._last_seq.get(name)
             if last is None or last[0] != seq:
                 self._last_seq[name] = (seq, now)
+                self._unmapped.discard(name)
                 self._pending.pop(name, None)
                 changed_at = now
             else:
@@ -138,7 +140,8 @@ class CollectiveTracker:
             self._remember_milestones(dump)
         for group in groups:
             pending = self._pending.get(group.pg, [])
-            status = self._status.get(self._pg_ids.get(group.pg, group.pg)) if group.pg in stalled else None
+            pg_id = self._pg_id(group.pg) if group.pg in stalled else None
+            status = self._status.get(pg_id) if pg_id is not None else None
             if status is not None and status.last_enqueued_collective >= 0:
                 group.enqueued = status.last_enqueued_collective
                 group.last_completed = status.last_completed_collective
@@ -218,7 +221,13 @@ class CollectiveTracker:
             return now - self._last_full_read >= FR_STATUSLESS_REFRESH_S
         due = False
         for name in stalled:
-            st = status.get(self._pg_ids.get(name, name))
+            pg_id = self._pg_id(name)
+            if pg_id is None:
+                # FR keys its status by its own per-process group id, not the group's name: only a
+                # full read's entries tell which is which (a group that never ran a collective has none)
+                due = due or (self._last_seq.get(name, (0, 0.0))[0] > 0 and name not in self._unmapped)
+                continue
+            st = status.get(pg_id)
             if st is None:
                 continue
             kept = [op for op in self._pending.get(name, []) if op.seq > st.last_completed_collective]
@@ -226,7 +235,6 @@ class CollectiveTracker:
                 self._pending[name] = kept
             else:
                 self._pending.pop(name, None)
-            pg_id = self._pg_ids.get(name, name)
             if st.last_enqueued_collective > st.last_completed_collective and \
                     st.last_enqueued_collective > self._seen_enqueued.get(pg_id, -1):
                 due = True
@@ -251,10 +259,17 @@ class CollectiveTracker:
             return default.seq >= FIRST_TIMING_AFTER_SEQS
         return now - self._last_timing_read >= self.timing_every_s
 
+    def _pg_id(self, name: str) -> str | None:
+        """FR's id of the group *name*, where a full read's entries showed it (the default group is 0)."""
+        return self._pg_ids.get(name) or ("0" if name == "0" else None)
+
     def _remember_pg_ids(self, dump: FrDump) -> None:
         for entry in dump.entries:
             if entry.process_group:
                 self._pg_ids[str(entry.process_group[0])] = str(entry.pg_id)
+        # Groups the read did not show (no entry left in the buffer) are not worth another read
+        # until their seq moves: one read per stall, not one a sample.
+        self._unmapped = {name for name in self._last_seq if name not in self._pg_ids}
 
     def _remember_milestones(self, dump: FrDump) -> None:
         fresh = [e for e in dump.entries if e.record_id > self._last_record_id]
