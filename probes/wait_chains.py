@@ -78,7 +78,7 @@ def hsdp(rank: int, end: float) -> None:
         x = torch.randn(8, 16)
         out = model(x)
         if rank == 3 and step == AT:
-            out.register_hook(lambda grad: (linger(end, f"step {step}: lingering in backward"), grad)[1])
+            out.register_hook(lambda grad: (linger(end, f"step {AT}: lingering in backward"), grad)[1])
             dump_when_stuck(rank)
         elif step == AT:
             dump_when_stuck(rank)

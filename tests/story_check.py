@@ -25,8 +25,16 @@ Found = list[tuple[int, Finding]]
 
 def assert_one_story(findings: list[Finding]) -> None:
     """Raise AssertionError where two certain, warning-or-worse findings of different kinds
-    blame different ranks (neither's culprits within the other's)."""
+    blame different ranks (neither's culprits within the other's), or where one blames a rank
+    another calls a victim."""
     told = [f for f in findings if blames(f) and f.kind in EVENT_KINDS]
+    # No victim in a certain finding (#45): a rank that a warning-or-worse finding of an event says
+    # waited for or failed because of another is never another's certain cause.
+    victims = {r for f in findings if f.kind in EVENT_KINDS and f.at_least("warning") for r in f.victims}
+    for f in told:
+        assert not culprits(f) & victims, (
+            f"a victim named as a cause: {f.title!r} blames {sorted(culprits(f) & victims)}, called victims "
+            "elsewhere")
     for a in told:
         for b in told:
             if a.kind != b.kind:

@@ -67,7 +67,8 @@ def gloo_size_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     if sides:
         members = max(sides.values(), key=len)
         op = peers[members[0]]
-        where = f"; {ranks_text(members)} were in {op_text(op)} (seq {op.seq})"
+        were = "was" if len(members) == 1 else "were"
+        where = f"; {ranks_text(members)} {were} in {op_text(op)} (seq {op.seq})"
         for side in sides.values():
             last = peers[side[0]]
             evidence.append(f"{ranks_text(side)}: last collective {op_text(last)}, seq {last.seq} "
@@ -81,7 +82,7 @@ def gloo_size_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]]
     if not certain:
         title += " (which side diverged cannot be told from two ranks)"
     return [Finding(kind="collective_mismatch", severity="critical", ranks=culprits, title=title[:400],
-                    evidence=evidence, remedy=MISMATCH_REMEDY, step=states[rank].step,
+                    certain=certain, evidence=evidence, remedy=MISMATCH_REMEDY, step=states[rank].step,
                     since=states[rank].exited_at or None)]
 
 

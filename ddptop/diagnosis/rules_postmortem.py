@@ -27,7 +27,7 @@ from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.exit_reading import at_step, known_step, read_exit, told_by_log, where_known
 from ddptop.diagnosis.finding import Finding, Severity
-from ddptop.diagnosis.rules_last_words import lost_peers
+from ddptop.diagnosis.rules_last_words import GLOO_SIZE, lost_peers
 from ddptop.errortext import innermost
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
@@ -178,6 +178,13 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                            evidence=[*evidence, f"read: {reading.words}"], remedy=_remedy(first),
                            step=step, since=t0 or None)
         evidence.append(f"read: {reading.words}")
+    if GLOO_SIZE.search(first.exit_reason):
+        # gloo aborted it because a peer's data did not fit its op: either side of a collective
+        # mismatch gets that abort, so failing first names no cause (#45: the mismatch does)
+        return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order], certain=False,
+                       title=(f"{ranks_text([first.rank])}{where} failed first{at}: {_how(first)}; gloo "
+                              "aborts either side of a collective mismatch, so this names no cause"),
+                       evidence=evidence, remedy=_remedy(first), step=step, since=t0 or None)
     return Finding(kind="rank_lost", severity="critical", ranks=[s.rank for s in order],
                    victims=[s.rank for s in order[1:]],
                    title=f"{ranks_text([first.rank])}{where} failed first{at}: {_how(first)}",
