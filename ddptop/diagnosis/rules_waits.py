@@ -85,13 +85,21 @@ def _events(graph: WaitGraph, fresh: set[int]) -> list[frozenset[int]]:
 def _held_up(snapshot: JobSnapshot, graph: WaitGraph, sinks: frozenset[int], now: float,
              config: DiagnosisConfig, final: bool) -> Finding | None:
     victims = graph.victims_of(sinks)
+    # Blocked ranks on the way that wait for no one they can name (a gloo group whose other
+    # members the dumps cannot show) are on the path too: victims, told with their edge.
+    todo = [r for v in victims for r in graph.waits[v].waits_for if r in graph.waits and r not in victims]
+    while todo:
+        r = todo.pop()
+        if r not in victims:
+            victims.add(r)
+            todo += [o for o in graph.waits[r].waits_for if o in graph.waits and o not in victims]
     direct = sorted(r for r in victims if graph.waits[r].waits_for & sinks)
     age = min(graph.waits[r].age for r in direct)
     if not final and age < config.stall_s:
         return None
     by_rank = snapshot.by_rank()
     began = now - age
-    held_in = {r: graph.waits[d].group for d in reversed(direct) for r in graph.waits[d].waits_for & sinks}
+    held_in = {r: graph.waits[d] for d in reversed(direct) for r in graph.waits[d].waits_for & sinks}
     states = {r: _sink_state(r, by_rank.get(r), snapshot, graph, held_in[r], now, began, final)
               for r in sinks}
     # A rank of which nothing is known (no dump, never heard from) may have entered too: name
@@ -173,7 +181,7 @@ def _told(names: list[int], states: dict[int, str]) -> list[str]:
     return [f"{ranks_text(rs)} {words}" for words, rs in ordered]
 
 
-def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: WaitGraph, pg: str,
+def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: WaitGraph, held: Wait,
                 now: float, began: float, final: bool) -> str:
     """What the sink *rank* is doing instead of the op its peers wait in."""
     if s is None or s.status == Status.UNREACHABLE:
@@ -181,6 +189,7 @@ def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: Wa
             return "left no dump (dead, killed, or its dump was not collected)"
         why = snapshot.job.unreachable.get(rank, "")
         return "never heard from" + (f" ({why})" if why else "")
+    seq = graph.groups[held.group].entered.get(rank)
     if s.status in _GONE:
         how = "exited cleanly" if s.status == Status.EXITED else str(s.status)
         if s.exit_signal:
@@ -188,10 +197,12 @@ def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: Wa
         elif s.exit_code not in (None, 0):
             how = f"{s.status} (exit status {s.exit_code})"
         reason = s.exit_reason.strip().splitlines()[-1][:200] if s.exit_reason.strip() else ""
-        return how + (f": {reason}" if reason else "")
+        how += f": {reason}" if reason else ""
+        # What it did before it went, where its counters say it stopped short of the op
+        short = seq is not None and not held.op.is_p2p and seq < held.op.seq
+        return f"never entered it (seq {seq}), then {how}" if short else how
     if s.stuck is not None and is_stopped(s.stuck):
         return "stopped (SIGSTOP or a debugger): it runs nothing"
-    seq = graph.groups[pg].entered.get(rank)
     last = f", last step {human_duration(now - s.last_step_at)} ago" if s.last_step_at and not final else ""
     # A step nobody counted (no optimizer step seen) is left out, not told as step 0
     step = f"step {s.step}{last}" if s.step or s.last_step_at else ""

@@ -32,11 +32,9 @@ from ddptop.diagnosis.memo import shared
 from ddptop.model.pace import EVERY, give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import CollectiveGroup, PendingOp, RankState
-from ddptop.status import ENDED, Status
+from ddptop.status import ENDED
 
 UNKNOWN_OP = "collective"  # op name when only a seq that stopped moving shows the wait
-# A rank whose own end is the event (a crash, a loss) no longer waits, whatever its last op was.
-_ENDED_BY_ITSELF = frozenset((Status.EXITED, Status.CRASHED, Status.LOST, Status.TERMINATED))
 
 
 class Wait(NamedTuple):
@@ -99,10 +97,19 @@ def wait_graph(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> Wa
 def build(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> WaitGraph:
     """The graph, built (see the module)."""
     states = [s for s in snapshot.ranks if s.collectives]
-    world = snapshot.job.world_size
-    groups = _groups(states, world)
-    # A member that is gone is waited for whatever seq it reached: it can complete nothing now.
-    gone = frozenset(s.rank for s in snapshot.ranks if s.status in ENDED)
+    groups = _groups(states, snapshot.job.world_size)
+    # The op each rank was blocked in when it was last seen, ended or not: a rank that ended
+    # while blocked (NCCL's watchdog abort, the launcher's teardown, a dump written as it hung)
+    # still tells whom it waited for. A rank that ended *outside* any op is waited for whatever
+    # seq it reached: it can complete nothing now.
+    blocking: dict[int, tuple[str, PendingOp]] = {}
+    for i, s in enumerate(states):
+        if not i % EVERY:
+            give_way()
+        newest = _newest_pending(s)
+        if newest is not None:
+            blocking[s.rank] = newest
+    gone = frozenset(s.rank for s in snapshot.ranks if s.status in ENDED and s.rank not in blocking)
     for g in groups.values():
         g.gone = gone
     waits: dict[int, Wait] = {}
@@ -110,9 +117,7 @@ def build(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> WaitGra
     for i, s in enumerate(states):
         if not i % EVERY:
             give_way()
-        if s.status in _ENDED_BY_ITSELF:
-            continue
-        wait = _wait_of(s, groups, now, config, shared_sets)
+        wait = _wait_of(s, blocking.get(s.rank), groups, now, config, shared_sets)
         if wait is not None:
             waits[s.rank] = wait
     ends, cycles = _ends(waits)
@@ -141,23 +146,24 @@ def _groups(states: list[RankState], world: int) -> dict[str, GroupView]:
     return out
 
 
-def _wait_of(s: RankState, groups: dict[str, GroupView], now: float, config: DiagnosisConfig,
-             shared_sets: dict[tuple[str, int], frozenset[int]]) -> Wait | None:
+def _newest_pending(s: RankState) -> tuple[str, PendingOp] | None:
+    newest: tuple[float, int, str, PendingOp] | None = None
+    for cg in s.collectives:
+        for op in cg.pending:
+            if newest is None or (op.started_at, op.seq) > newest[:2]:
+                newest = (op.started_at, op.seq, cg.pg, op)
+    return None if newest is None else (newest[2], newest[3])
+
+
+def _wait_of(s: RankState, pending: tuple[str, PendingOp] | None, groups: dict[str, GroupView], now: float,
+             config: DiagnosisConfig, shared_sets: dict[tuple[str, int], frozenset[int]]) -> Wait | None:
     """The op *s* is blocked in: its newest pending op, else (no Flight Recorder on it) a group
     whose seq stood still at the group's newest collective while members are behind."""
-    newest: tuple[float, int, str, PendingOp] | None = None
-    fr_known = False
-    for cg in s.collectives:
-        fr_known = fr_known or cg.last_completed is not None or bool(cg.pending)
-        for op in cg.pending:
-            key = (op.started_at, op.seq, cg.pg, op)
-            if newest is None or key[:2] > newest[:2]:
-                newest = key
     since_sample = max(0.0, now - s.time) if s.time else 0.0
-    if newest is not None:
-        started, _, pg, op = newest
+    if pending is not None:
+        pg, op = pending
         # The rank's own measure of the wait, aged by the sample's age: the rank's clock may be off ours
-        age = op.age_s + since_sample if s.time else (now - started if started else op.age_s)
+        age = op.age_s + since_sample if s.time else (now - op.started_at if op.started_at else op.age_s)
         if op.is_p2p:
             return Wait(s.rank, pg, op, age, frozenset(() if op.peer is None else (op.peer,)))
         g = groups[pg]
@@ -167,8 +173,8 @@ def _wait_of(s: RankState, groups: dict[str, GroupView], now: float, config: Dia
             # not recorded yet (gloo retires from its own threads). The rank is elsewhere.
             return None
         return Wait(s.rank, pg, op, age, behind)
-    if fr_known:
-        return None  # its recorder shows nothing pending: it is not in a collective
+    if s.status in ENDED or any(cg.last_completed is not None for cg in s.collectives):
+        return None  # gone, or its recorder shows nothing pending: it is not in a collective
     for cg in s.collectives:
         g = groups[cg.pg]
         top = g.top()

@@ -220,12 +220,15 @@ class CollectiveTracker:
         if not status:  # no per-group status in this torch: re-read, slowly
             return now - self._last_full_read >= FR_STATUSLESS_REFRESH_S
         due = False
+        in_flight = any(st.last_enqueued_collective > st.last_completed_collective for st in status.values())
         for name in stalled:
             pg_id = self._pg_id(name)
             if pg_id is None:
                 # FR keys its status by its own per-process group id, not the group's name: only a
-                # full read's entries tell which is which (a group that never ran a collective has none)
-                due = due or (self._last_seq.get(name, (0, 0.0))[0] > 0 and name not in self._unmapped)
+                # full read's entries tell which is which (a group that never ran a collective has
+                # none). Worth a read only while some op is in flight: idle groups never cost one.
+                due = due or (in_flight and self._last_seq.get(name, (0, 0.0))[0] > 0
+                              and name not in self._unmapped)
                 continue
             st = status.get(pg_id)
             if st is None:
