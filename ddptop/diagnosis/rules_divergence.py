@@ -16,6 +16,7 @@ from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.op_semantics import Signature, is_p2p, signature
+from ddptop.diagnosis.wait_graph import wait_graph
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.status import Status
@@ -46,15 +47,18 @@ def collective_divergence(snapshot: JobSnapshot, histories: dict[int, list[Sampl
         if found is not None:
             out.append(_divergence_finding(snapshot, pg, *found))
             break  # the first diverging group is the cause; the others follow from it
-        left = _left_early(snapshot, pg, by_seq)
+        # A rank that ended while blocked in another group's op (a dump written as it hung, a
+        # watchdog's abort) did not leave early: it waited, a victim (the wait-for graph's word)
+        blocked = set(wait_graph(snapshot, now, config).waits)
+        left = _left_early(snapshot, pg, by_seq, blocked)
         if left is not None:
             out.append(left)
             break
     return out
 
 
-def _left_early(snapshot: JobSnapshot, pg: str,
-                by_seq: dict[int, dict[int, PendingOp]]) -> Finding | None:
+def _left_early(snapshot: JobSnapshot, pg: str, by_seq: dict[int, dict[int, PendingOp]],
+                blocked: set[int]) -> Finding | None:
     """Ranks that ended cleanly before a collective their peers entered and died in.
 
     Same ops at every seq both sides ran, yet some ranks exit with code 0 after seq N while
@@ -66,7 +70,7 @@ def _left_early(snapshot: JobSnapshot, pg: str,
     for seq in sorted(by_seq):
         for rank in by_seq[seq]:
             last[rank] = seq
-    clean = {r for r in last if states[r].status == Status.EXITED}
+    clean = {r for r in last if states[r].status == Status.EXITED and r not in blocked}
     if not clean or not set(last) - clean:
         return None
     top = max(last.values())
