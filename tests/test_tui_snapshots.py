@@ -80,11 +80,14 @@ def test_rank_table(snap_compare: SnapCompare) -> None:
 
 
 def test_rank_detail(snap_compare: SnapCompare) -> None:
-    """Enter on rank 1, the one that went to save: its pending all_gather, loaders, env."""
+    """Enter on rank 1, the one that went to save: its pending all_gather, loaders, env. The
+    table leads with the culprit's row (#45): enter on the first row opens it."""
 
     async def open_rank_1(pilot: Pilot[int]) -> None:
         await all_ranks_shown(pilot)
-        await pilot.press("down", "enter")
+        table = pilot.app.query_one(RankTable)
+        await until(pilot, lambda: table.shown_rows[0].rank == 1, "the culprit's row first")
+        await pilot.press("enter")
         await until(pilot, lambda: isinstance(pilot.app.screen, RankDetail), "the detail screen")
         assert isinstance(pilot.app.screen, RankDetail) and pilot.app.screen.rank == 1
 

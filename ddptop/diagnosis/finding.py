@@ -22,6 +22,14 @@ KINDS: frozenset[str] = frozenset((
 ))
 
 
+class WaitEdge(msgspec.Struct, kw_only=True):
+    """Ranks blocked in one op, and whom they wait for there (the wait-for graph's edges)."""
+
+    ranks: list[int]
+    waits_for: list[int]  # empty: members the evidence cannot name
+    op: str  # "gloo:all_reduce #128 of group 1 mesh_replicate (ranks 0,2)", "gloo:recv from rank 2"
+
+
 class Finding(msgspec.Struct, kw_only=True):
     """One diagnosed problem."""
 
@@ -36,6 +44,9 @@ class Finding(msgspec.Struct, kw_only=True):
     # Added in 0.1.0's desync work (#33); older readers ignore them:
     certain: bool = True  # False: the evidence cannot tell which of ``ranks`` is the cause ("cannot tell")
     victims: list[int] = []  # ranks that failed or waited *because of* the cause: never the cause
+    # Added with the wait-for graph (#45): what each victim waits in and for whom, one entry per
+    # class of victims blocked alike (a handful even at 32,768 ranks)
+    waits: list[WaitEdge] = []
 
     def at_least(self, severity: str) -> bool:
         """True if this finding is *severity* or worse."""

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from ddptop.diagnosis.common import active, fresh_ranks, human_duration, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
-from ddptop.diagnosis.finding import Finding
+from ddptop.diagnosis.finding import Finding, WaitEdge
 from ddptop.diagnosis.rules_unresponsive import is_stopped
 from ddptop.diagnosis.rules_wavefront import applies as recorded_dumps
 from ddptop.diagnosis.wait_graph import Wait, WaitGraph, wait_graph
@@ -139,7 +139,8 @@ def _held_up(snapshot: JobSnapshot, graph: WaitGraph, sinks: frozenset[int], now
     watchdog_half = bool(op.timeout_s and age >= op.timeout_s / 2)
     critical = final or gone or age >= config.stall_critical_s or watchdog_half
     return Finding(kind="collective_stall", severity="critical" if critical else "warning", ranks=names,
-                   victims=waiting, title=title, evidence=evidence, remedy=REMEDY, since=began)
+                   victims=waiting, title=title, evidence=evidence, remedy=REMEDY, since=began,
+                   waits=_edges(graph, victims))
 
 
 def _where(wait: Wait, graph: WaitGraph, sizes: bool = False) -> str:
@@ -212,15 +213,26 @@ def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: Wa
     return f"never entered it ({at})"
 
 
-def _edge_lines(graph: WaitGraph, victims: set[int]) -> list[str]:
-    """'ranks 0-5 wait for rank 7 in all_reduce #41 of group 2 (ranks 4-7)', one line per class."""
+def _classes(graph: WaitGraph, victims: set[int]) -> list[list[int]]:
+    """The victims in classes blocked alike (one op of one group, the same ranks waited for)."""
     classes: dict[tuple[str, int, str, frozenset[int]], list[int]] = defaultdict(list)
     for r in victims:
         w = graph.waits[r]
         classes[(w.group, w.op.seq, w.op.op, w.waits_for)].append(r)
+    return sorted((sorted(ranks) for ranks in classes.values()), key=lambda ranks: ranks[0])
+
+
+def _edges(graph: WaitGraph, victims: set[int]) -> list[WaitEdge]:
+    return [WaitEdge(ranks=ranks, waits_for=sorted(graph.waits[ranks[0]].waits_for),
+                     op=_where(graph.waits[ranks[0]], graph)) for ranks in _classes(graph, victims)]
+
+
+def _edge_lines(graph: WaitGraph, victims: set[int]) -> list[str]:
+    """'ranks 0-5 wait in all_reduce #41 of group 2 (ranks 4-7) for rank 7', one line per class."""
     lines = []
-    for (_, _, _, waits_for), ranks in sorted(classes.items(), key=lambda kv: min(kv[1])):
+    for ranks in _classes(graph, victims):
         w = graph.waits[ranks[0]]
+        waits_for = w.waits_for
         whom = ("" if w.op.is_p2p else f" for {ranks_text(waits_for)}" if waits_for
                 else " for no one it could name")
         verb = "waits" if len(ranks) == 1 else "wait"
@@ -239,6 +251,7 @@ def _deadlock(graph: WaitGraph, cycle: list[int], now: float, config: DiagnosisC
     edges = [f"rank {r} waits for {ranks_text(graph.waits[r].waits_for & set(cycle))} in "
              f"{_where(graph.waits[r], graph)}" for r in cycle]
     return Finding(kind="collective_deadlock", severity="critical", ranks=cycle,
+                   waits=_edges(graph, set(cycle)),
                    title=f"deadlock: {'; '.join(edges[:4])}: they wait for each other and none can go on",
                    evidence=[*edges, f"waiting for {human_duration(age)}; no rank outside them holds them"],
                    remedy=REMEDY_DEADLOCK, since=now - age)

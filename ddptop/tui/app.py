@@ -37,6 +37,7 @@ from ddptop.tui.replay_actions import ReplayActions
 from ddptop.tui.row_index import GROUP_FROM_RANKS, RowIndex
 from ddptop.tui.rows import RowBuilder
 from ddptop.tui.screens.help import HelpScreen
+from ddptop.tui.story_marks import story_marks
 from ddptop.tui.table_actions import TableActions
 from ddptop.tui.widgets.findings_panel import FindingsPanel
 from ddptop.tui.widgets.header import JobHeader
@@ -288,6 +289,7 @@ class DdptopApp(TableActions, ReplayActions, BackgroundFindings):
                 self._diagnose_in_background()
                 self._pace.began(wall, ranks, counts)
         self.query_one(FindingsPanel).show(self.findings)
+        table.set_story(*story_marks(self.findings))  # the culprits lead; each victim says whom it waits for
         self.query_one(JobHeader).show(self.model, now, worst(self.findings),
                                        "replay" if self.replay else "live", self.paused, statuses, counts)
         if self.collector.held:

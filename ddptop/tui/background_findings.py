@@ -26,8 +26,10 @@ from ddptop.model.sliced_copy import SLICE_RANKS, SlicedCopy
 from ddptop.source import JobSource
 from ddptop.tui.findings import Cadence, FindingsPace, findings, worst
 from ddptop.tui.key_first import KeyFirst
+from ddptop.tui.story_marks import story_marks
 from ddptop.tui.widgets.findings_panel import FindingsPanel
 from ddptop.tui.widgets.header import JobHeader
+from ddptop.tui.widgets.rank_table import RankTable
 
 # After a person's key the diagnosis waits this long before it goes on: the next key of a run
 # then finds the UI free of it. It blocks only at its next chance to (every ~2-25 ms of work,
@@ -130,5 +132,6 @@ class BackgroundFindings(App[int]):
         if not self.query(FindingsPanel):  # the worker finished while the app shut down
             return
         self.query_one(FindingsPanel).show(found)
+        self.query_one(RankTable).set_story(*story_marks(found))
         self.query_one(JobHeader).show(self.model, self.now(), worst(found),
                                        "replay" if self.replay else "live", self.paused)

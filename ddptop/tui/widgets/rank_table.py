@@ -24,8 +24,11 @@ from textual.strip import Strip
 from ddptop.tui.row_sequence import RowSequence
 from ddptop.tui.rows import COLUMN_KEYS, COLUMNS, GroupRow, RankRow, cells, group_line
 from ddptop.tui.sort_filter import filter_rows, sort_rows
+from ddptop.tui.story_marks import CAUSE
 
 _LINE_WIDTH = sum(c.width for c in COLUMNS) + len(COLUMNS) + 1
+_FLAGS = COLUMN_KEYS.index("flags")
+_How = tuple[int, str, str, bool, tuple[int, ...]]  # rows' id, filter, sort key, reverse, the leads
 # A grouped table sorted by another column, or filtered, needs every rank's row: rebuilt at
 # most this often (32,768 rows cost hundreds of milliseconds), not at every redraw.
 FULL_ROWS_EVERY_S = 1.0
@@ -86,7 +89,7 @@ class RankTable(ScrollView, can_focus=True):
         self._lazy: RowSequence | None = None
         self._every_row: Callable[[], list[RankRow]] | None = None
         # (how, the rows, what they gave): the last filter and sort, see _rebuild
-        self._sorted: tuple[tuple[int, str, str, bool], list[RankRow], list[RankRow]] | None = None
+        self._sorted: tuple[_How, list[RankRow], list[RankRow]] | None = None
         # (when, (column, reverse), the order): the lazy rows sorted, see _rebuild
         self._lazy_sorted: tuple[float, tuple[str, bool], RowSequence] | None = None
         self._full: tuple[float, list[RankRow]] | None = None
@@ -95,6 +98,10 @@ class RankTable(ScrollView, can_focus=True):
         self.filter_query = ""
         self.selected: set[int] = set()
         self._styles: _PaintStyles | None = None
+        # The findings' story (ddptop.tui.story_marks): a word per culprit and victim, and the
+        # culprits' ranks, shown first in the default order (small jobs: one row per rank).
+        self.story: dict[int, str] = {}
+        self.leads: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ data
 
@@ -109,6 +116,17 @@ class RankTable(ScrollView, can_focus=True):
         gives every rank's row for a sort by another column or a filter."""
         self._lazy, self._every_row = rows, every_row
         self._rebuild()
+
+    def set_story(self, marks: dict[int, str], leads: list[int]) -> None:
+        """Mark the culprits' and victims' rows (*marks*) and lead with the culprits' rows."""
+        if marks == self.story and tuple(leads) == self.leads:
+            return
+        at_top = self.cursor == 0 and tuple(leads) != self.leads
+        self.story, self.leads = marks, tuple(leads)
+        self._sorted = None
+        self._rebuild()
+        if at_top:  # a cursor still at the top stays there: on the culprit's row, not on the rank it was
+            self.cursor = 0
 
     def _rebuild(self) -> None:
         current = self.current_rank
@@ -129,7 +147,7 @@ class RankTable(ScrollView, can_focus=True):
             rows = self._all if self._every_row is None else self._every_rows()
             # The same rows, filter and order as the last rebuild (a key press, a redraw between
             # two refreshes of every row): the same result, without sorting 32,768 rows again.
-            how = (id(rows), self.filter_query, self.sort_key, self.sort_reverse)
+            how = (id(rows), self.filter_query, self.sort_key, self.sort_reverse, self.leads)
             if self._sorted is not None and self._sorted[0] == how and self._sorted[1] is rows:
                 self.shown_rows = self._sorted[2]
             else:
@@ -137,6 +155,10 @@ class RankTable(ScrollView, can_focus=True):
                 # Rows come in rank order: the default sort is already done (4096 rows, every redraw).
                 self.shown_rows = matching if self.sort_key == "rank" and not self.sort_reverse \
                     else sort_rows(matching, self.sort_key, self.sort_reverse)
+                if self.leads and self.sort_key == "rank" and not self.sort_reverse:
+                    first = set(self.leads)  # the culprits lead, then every rank in its order
+                    self.shown_rows = [r for r in matching if r.rank in first] + \
+                        [r for r in matching if r.rank not in first]
                 self._sorted = (how, rows, self.shown_rows)
         self.virtual_size = Size(_LINE_WIDTH, len(self.shown_rows) + 1)
         shown = self.shown_rows
@@ -286,7 +308,12 @@ class RankTable(ScrollView, can_focus=True):
         levels = styles.levels
         # The selection needs a non-colour sign too: '*' in the first cell.
         segments = [Segment("*" if row.rank in self.selected else " ", base)]
-        for (text, level), col in zip(cells(row), COLUMNS, strict=True):
+        shown = cells(row)
+        told = self.story.get(row.rank)
+        if told:  # the story's word first: CAUSE, or whom this rank waits for
+            flags, _ = shown[_FLAGS]
+            shown[_FLAGS] = (told + ("" if flags == "✓" else " " + flags), "bad" if told == CAUSE else "warn")
+        for (text, level), col in zip(shown, COLUMNS, strict=True):
             text = text if len(text) <= col.width else text[: col.width - 1] + "…"
             text = text.rjust(col.width) if col.right else text.ljust(col.width)
             style: Style = base + levels[level] if level else base
