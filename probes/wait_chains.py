@@ -7,6 +7,7 @@ PROBE_AT (default 6), bounded by PROBE_SECONDS; the culprit is released by ``$PR
   inside its backward pass (a gradient hook). Rank 2 waits for it in the shard group's
   reduce-scatter, rank 0 for rank 2 in the replicate group's all-reduce, rank 1 for rank 0
   in the shard group {0, 1}: every wait ends at rank 3.
+* ``hsdp_killed``: rank 3 is SIGKILLed (by itself) in its backward pass instead.
 * ``pipeline_stuck``: four stages, activations sent forward and gradients back with blocking
   ``send``/``recv``, an all-reduce of a metric every 10 steps. Stage 2 spins in a Python
   retry loop before its forward: stage 3 waits in recv from 2, stage 1 in recv from 2 (the
@@ -62,7 +63,13 @@ def dump_when_stuck(rank: int) -> None:
     threading.Thread(target=later, daemon=True, name="fr-dump").start()
 
 
-def hsdp(rank: int, end: float) -> None:
+def die(what: str) -> None:
+    """SIGKILL this rank (no last words: the OOM killer's way)."""
+    print(f"rank {dist.get_rank()}: {what}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hsdp(rank: int, end: float, killed: bool) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -77,7 +84,9 @@ def hsdp(rank: int, end: float) -> None:
     for step in range(STEPS):
         x = torch.randn(8, 16)
         out = model(x)
-        if rank == 3 and step == AT:
+        if rank == 3 and step == AT and killed:
+            out.register_hook(lambda grad: (die(f"step {AT}: killing myself in backward"), grad)[1])
+        elif rank == 3 and step == AT:
             out.register_hook(lambda grad: (linger(end, f"step {AT}: lingering in backward"), grad)[1])
             dump_when_stuck(rank)
         elif step == AT:
@@ -95,8 +104,7 @@ def pipeline(rank: int, end: float, killed: bool) -> None:
         if step == AT:
             if rank == 2:
                 if killed:
-                    print(f"rank {rank}: step {step}: killing myself", flush=True)
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    die(f"step {step}: killing myself")
                 dump_when_stuck(rank)
                 linger(end, f"step {step}: stuck in a retry loop before its forward")
             else:
@@ -140,8 +148,8 @@ def main() -> None:
     rank = dist.get_rank()
     scenario = os.environ.get("PROBE_SCENARIO", "hsdp_stall")
     print(f"rank {rank}: scenario {scenario}", flush=True)
-    if scenario == "hsdp_stall":
-        hsdp(rank, end)
+    if scenario in ("hsdp_stall", "hsdp_killed"):
+        hsdp(rank, end, killed=scenario == "hsdp_killed")
     elif scenario in ("pipeline_stuck", "pipeline_killed"):
         pipeline(rank, end, killed=scenario == "pipeline_killed")
     elif scenario == "deadlock":

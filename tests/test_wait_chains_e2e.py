@@ -5,7 +5,8 @@ and no other rank as a cause, with every other rank a victim listed with what it
 
 * FSDP2 on a 2x2 mesh (HSDP): rank 3 sleeps in its backward pass; rank 2 waits for it in the
   shard group, ranks 0 and 1 in the replicate groups. Read live, and from the same scenario's
-  Flight Recorder dumps (one code path: the same culprit, the same victims);
+  Flight Recorder dumps (one code path: the same culprit, the same victims); then rank 3
+  killed in its backward pass;
 * a 4-stage pipeline: stage 2 stuck in a Python retry loop (stages wait in send/recv, which
   gloo's recorder does not hold: read from each rank's own stack), then stage 2 killed;
 * two ranks that call two groups' all-reduces in opposite orders: a deadlock, its own finding.
@@ -81,6 +82,17 @@ def test_hsdp_from_flight_recorder_dumps_tells_the_same_story(tmp_path: Path) ->
     assert causes(findings) == {3}, [f["title"] for f in findings]
     f = next(f for f in findings if f["kind"] == "collective_stall")
     assert f["ranks"] == [3] and sorted(f["victims"]) == [0, 1, 2], f
+
+
+def test_hsdp_a_rank_killed_in_backward_is_the_only_cause(job_runner: JobRunner, tmp_path: Path) -> None:
+    job, _ = start(job_runner, tmp_path, "hsdp_killed")
+    job.wait_log(r"rank 3: step \d+: killing myself in backward", timeout=120)
+    job.wait(timeout=120)  # torchrun tears the job down: what is left is the post-mortem
+    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    findings: Findings = json.loads(res.stdout)["findings"]
+    assert causes(findings) == {3}, [f["title"] for f in findings]
+    lost = next(f for f in findings if f["kind"] == "rank_lost" and f["severity"] == "critical")
+    assert lost["ranks"][0] == 3 and "SIGKILL" in lost["title"], lost
 
 
 def test_pipeline_a_stage_stuck_in_python_is_the_only_cause(job_runner: JobRunner, tmp_path: Path) -> None:
