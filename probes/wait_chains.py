@@ -13,6 +13,8 @@ PROBE_AT (default 6), bounded by PROBE_SECONDS; the culprit is released by ``$PR
   retry loop before its forward: stage 3 waits in recv from 2, stage 1 in recv from 2 (the
   gradient), stage 0 in recv from 1.
 * ``pipeline_killed``: stage 2 is SIGKILLed (by itself) at that step instead.
+* ``tpdp_skip``: tensor x data parallel 2x2 (tp {0,1} {2,3}, dp {0,2} {1,3}); each step a tp
+  all-reduce, a tp all-gather, a dp all-reduce; rank 1 skips its tp all-reduce at that step.
 * ``deadlock``: two groups of the same two ranks; at that step rank 0 calls group A's
   all-reduce then group B's, rank 1 the other way round: each waits for the other.
 
@@ -122,6 +124,23 @@ def pipeline(rank: int, end: float, killed: bool) -> None:
         time.sleep(0.05)
 
 
+def tp_dp(rank: int, end: float) -> None:
+    tp = [dist.new_group(r) for r in ([0, 1], [2, 3])][rank // 2]
+    dp = [dist.new_group(r) for r in ([0, 2], [1, 3])][rank % 2]
+    for step in range(STEPS):
+        if step == AT:
+            dump_when_stuck(rank)
+        if rank == 1 and step == AT:
+            print(f"rank {rank}: step {step}: skipping its tensor-parallel all_reduce", flush=True)
+        else:
+            dist.all_reduce(torch.ones(16), group=tp)  # the activations
+        dist.all_gather_into_tensor(torch.zeros(16), torch.ones(8), group=tp)  # the expert outputs
+        dist.all_reduce(torch.ones(32), group=dp)  # the gradients
+        time.sleep(0.05)
+        if time.monotonic() > end:
+            return
+
+
 def deadlock(rank: int, end: float) -> None:
     group_a = dist.new_group([0, 1])
     group_b = dist.new_group([0, 1])
@@ -154,6 +173,8 @@ def main() -> None:
         pipeline(rank, end, killed=scenario == "pipeline_killed")
     elif scenario == "deadlock":
         deadlock(rank, end)
+    elif scenario == "tpdp_skip":
+        tp_dp(rank, end)
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 

@@ -79,11 +79,17 @@ def collective_wavefront(snapshot: JobSnapshot, histories: dict[int, list[Sample
 
 
 def applies(snapshot: JobSnapshot) -> bool:
-    """True when ranks carry dumped collectives with their groups' members (FR dumps).
+    """True when every rank that shows collectives shows its recent ops too: a set of Flight
+    Recorder dumps (or every rank's last words), the end of the job, not live states. (Group
+    members no longer tell: the live reporter sends a subgroup's members since #45.)
 
-    Asked by three rules of a diagnosis (a pass over every rank's groups): answered once."""
-    return shared("wavefront_applies", (snapshot,), (),
-                  lambda: any(g.ranks for s in snapshot.ranks for g in s.collectives))
+    Asked by several rules of a diagnosis (a pass over every rank's groups): answered once."""
+    return shared("wavefront_applies", (snapshot,), (), lambda: _all_recorded(snapshot))
+
+
+def _all_recorded(snapshot: JobSnapshot) -> bool:
+    shown = [s for s in snapshot.ranks if s.collectives]
+    return bool(shown) and all(any(g.recent for g in s.collectives) for s in shown)
 
 
 def _groups(states: Iterable[RankState]) -> dict[str, _Group]:
