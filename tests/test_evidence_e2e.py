@@ -148,7 +148,7 @@ def test_dashboard_replays_dumps_at_the_last_moment(tmp_path_factory: pytest.Tem
                 if len(table.shown_rows) == 4:
                     break
                 await pilot.pause(0.05)
-            assert [r.rank for r in table.shown_rows] == [0, 1, 2, 3]
+            assert sorted(r.rank for r in table.shown_rows) == [0, 1, 2, 3]
             for _ in range(100):
                 findings = str(app.query_one("#findings", Static).render())
                 if "never entered" in findings:
@@ -156,7 +156,10 @@ def test_dashboard_replays_dumps_at_the_last_moment(tmp_path_factory: pytest.Tem
                 await pilot.pause(0.05)
             # One story, as live: the waits end at rank 1, and rank 0's own wait is told as a victim's
             assert "end at rank 1: rank 1 never entered gloo:all_reduce #3" in findings, findings
-            await pilot.press("enter")  # the detail of rank 0: waiting in group 1
+            # The culprit's row leads, marked CAUSE; rank 0 says whom it waits for
+            assert [r.rank for r in table.shown_rows] == [1, 0, 2, 3]
+            assert table.story[1] == "CAUSE" and table.story[0] == "→?", table.story
+            await pilot.press("down", "enter")  # the detail of rank 0: waiting in group 1
 
             def detail_text() -> str:
                 return "\n".join(str(w.render()) for w in app.screen.query(Static))

@@ -70,7 +70,9 @@ Sizes = dict[int, tuple[list[list[int]], list[list[int]]]]
 def _live(name: str, sizes: Sizes, pg_ranks: bool) -> list[RankState]:
     def group(r: int) -> CollectiveGroup:
         return CollectiveGroup(pg="5", seq=2, desc="ep", size=4, ranks=[0, 1, 2, 3] if pg_ranks else [],
-                               pending=[op(name, *sizes[r])], recent=[op(name, *sizes[r])],
+                               # live states carry no recent ops (last words and dumps do)
+                               pending=[op(name, *sizes[r])],
+                               recent=[op(name, *sizes[r])] if pg_ranks else [],
                                seq_changed_at=NOW - 60)
     return [RankState(rank=r, local_rank=r, world_size=4, host="h", pid=10 + r, time=NOW - 1,
                       status="running", collectives=[group(r)]) for r in range(4)]

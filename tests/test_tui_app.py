@@ -77,12 +77,13 @@ def test_rows_header_findings_with_frozen_clock() -> None:
         app = DdptopApp(mismatch_job(), clock=lambda: NOW)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
-            await until(pilot, lambda: "⚠ MISMATCH BATCHES" in "".join(table_lines(app)[2:3]))
+            # The culprit's row leads (#45): rank 1, the cause; then every rank in order
+            await until(pilot, lambda: "CAUSE ⚠ MISMATCH" in "".join(table_lines(app)[1:2]))
             lines = table_lines(app)
             assert lines[0].split()[:3] == ["RANK▲", "HOST", "STATUS"]
-            assert [line.split()[0] for line in lines[1:5]] == ["0", "1", "2", "3"]
-            assert "⚠ MISMATCH BATCHES" in lines[2]
-            assert "✓" in lines[1] and "all_reduce #50 12.0s" in lines[1]
+            assert [line.split()[0] for line in lines[1:5]] == ["1", "0", "2", "3"]
+            assert "CAUSE ⚠ MISMATCH BA…" in lines[1]  # the column cuts the marks that follow
+            assert "VICTIM" in lines[2] and "all_reduce #50 12.0s" in lines[2]
             header = str(app.query_one("#header", Static).render())
             assert "job jfake" in header and "4 ranks" in header and "gloo" in header
             assert "up 1m30s" in header and "connected 4/4" in header and "CRITICAL" in header
@@ -156,7 +157,8 @@ def test_stacks_screen_groups_selected_or_all() -> None:
             assert "ranks 0,2-3: all_reduce ← backward ← train_step ← train.py:13" in text
             assert "rank 1: all_gather ← save_checkpoint ← main" in text
             await pilot.press("escape")
-            await pilot.press("down", "space")  # select rank 1 only
+            await until(pilot, lambda: app.query_one(RankTable).current_rank == 1)  # the culprit leads
+            await pilot.press("space")  # select rank 1 only
             await pilot.press("s")
             await until(pilot, lambda: isinstance(app.screen, StacksScreen) and app.screen.result is not None)
             assert src.stack_requests[-1] == [1]
@@ -169,7 +171,8 @@ def test_detail_opens_and_export_writes_json(tmp_path: Path) -> None:
         app = DdptopApp(mismatch_job(), clock=lambda: NOW, export_dir=tmp_path)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: len(app.query_one(RankTable).shown_rows) == 4)
-            await pilot.press("down", "enter")
+            await until(pilot, lambda: app.query_one(RankTable).current_rank == 1)  # the culprit leads
+            await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, RankDetail))
             text = str(app.screen.query_one("#detail-text", Static).render())
             assert "rank 1" in text and "host node-a  pid 1001" in text
