@@ -99,9 +99,9 @@ def _held_up(snapshot: JobSnapshot, graph: WaitGraph, sinks: frozenset[int], now
         return None
     by_rank = snapshot.by_rank()
     began = now - age
-    held_in = {r: graph.waits[d] for d in reversed(direct) for r in graph.waits[d].waits_for & sinks}
-    states = {r: _sink_state(r, by_rank.get(r), snapshot, graph, held_in[r], now, began, final)
-              for r in sinks}
+    # The wait each sink holds up directly (the first by rank): what its state is told against
+    held = {r: next(graph.waits[d] for d in direct if r in graph.waits[d].waits_for) for r in sinks}
+    states = {r: _sink_state(r, by_rank.get(r), snapshot, graph, held[r], now, began, final) for r in sinks}
     # A rank of which nothing is known (no dump, never heard from) may have entered too: name
     # the ranks whose own state shows them elsewhere where there are any (a dump set often
     # lacks a dump that was never collected).
@@ -113,14 +113,12 @@ def _held_up(snapshot: JobSnapshot, graph: WaitGraph, sinks: frozenset[int], now
     waiting = sorted(r for r in victims if r not in names)
     here = (first.group, first.op.seq)
     one_hop = all((graph.waits[r].group, graph.waits[r].op.seq) == here for r in victims)
-    held = {r: next(graph.waits[d] for d in direct if r in graph.waits[d].waits_for) for r in names}
     if not one_hop or first.op.is_p2p:  # "it" is no one collective: each sink with what its own peers need
         states = {r: w.replace("never entered it", _not_in(held[r], graph), 1) for r, w in states.items()}
     told = _told(names, states)
     if one_hop:
         title = f"{_have(direct)} waited {human_duration(age)} in {where}; " + "; ".join(told)
     else:
-        # "it" is no one op here: each sink is told with the op its own peers wait in
         across = " across groups" if len({graph.waits[r].group for r in victims}) > 1 else ""
         title = (f"{_have(waiting)} waited {human_duration(age)}: their waits{across} end at "
                  f"{ranks_text(names)}: " + "; ".join(told))
