@@ -18,11 +18,15 @@ WORKERS ?= 3
 # say why. Never fails the build.
 SYSDEPS := slurmctld slurmd slurm-client munge
 
+# DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) the first time a job
+# initialises it: about a minute of two cores. Built once here, into the venv, where
+# tests/test_deepspeed_e2e.py points its jobs (tests/deepspeed_op.py says why and how).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m tests.deepspeed_op
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -99,7 +99,7 @@ ON_DEMAND_FIELDS: frozenset[str] = frozenset((
     # LoaderInfo.batch is read by _extra_eval_batch only for an aborted rank, whose final
     # state always comes whole and at once.
     "loaders[].batch", "loaders[].passes", "loaders[].passes_completed", "loaders[].steps",
-    "loaders[].ready_batches", "loaders[].last_batch_at", "loaders[].worker_pids",
+    "loaders[].ready_batches", "loaders[].last_batch_at", "loaders[].worker_pids", "loaders[].rebuilt",
     "collectives[pg!=0].enqueue_times",
 ))
 

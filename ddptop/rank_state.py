@@ -99,7 +99,7 @@ class GpuInfo(msgspec.Struct, gc=False, kw_only=True):
 
 
 class ParamFingerprint(msgspec.Struct, gc=False, kw_only=True):
-    """Shape fingerprint of the model a rank wrapped in DDP/FSDP (never values)."""
+    """Shape fingerprint of the model a rank wrapped in DDP/FSDP/DeepSpeed (never values)."""
 
     count: int  # number of parameter tensors
     numel: int  # total elements
@@ -107,6 +107,12 @@ class ParamFingerprint(msgspec.Struct, gc=False, kw_only=True):
     wrapper: str = ""  # DistributedDataParallel / FullyShardedDataParallel
     shapes: Annotated[list[tuple[str, Shape]], msgspec.Meta(max_length=MAX_ITEMS)] = []  # (name, shape)
     dtensors: int = 0  # parameters that are DTensors (FSDP2, TP): global shapes, placements hashed
+    # DeepSpeed (wrapper "DeepSpeedEngine"): the engine's ZeRO stage (0-3; None outside DeepSpeed),
+    # the parameters this rank holds only a partition of (ZeRO-3; shapes, numel and the hash are
+    # the global ones all the same), and the elements it holds (its partitions where partitioned).
+    zero_stage: int | None = None
+    partitioned: int = 0
+    held_numel: int | None = None
 
 
 class RngFingerprint(msgspec.Struct, gc=False, kw_only=True):
@@ -201,6 +207,9 @@ class LoaderInfo(msgspec.Struct, gc=False, kw_only=True):
     worker_pids: Annotated[list[int], msgspec.Meta(max_length=MAX_ITEMS)] = []
     ready_batches: int | None = None  # prefetched, unconsumed batches of its live iterator
     last_batch_at: float = 0.0  # wall clock of its latest batch
+    # New DataLoader objects that continued this one's passes over the same dataset and sampler
+    # (DeepSpeed's engine loader builds one per pass): 0 for a loader iterated as it was built.
+    rebuilt: int = 0
 
 
 class RankState(msgspec.Struct, gc=False, kw_only=True):

@@ -90,7 +90,7 @@ def groups(draw: st.DrawFn, pg: str) -> CollectiveGroup:
 loaders = st.builds(LoaderInfo, index=small, name=text, role=text, length=opt() | small, batch=small,
                     passes=small, passes_completed=small, steps=small, batch_size=opt() | small,
                     workers=small, worker_pids=st.lists(small, max_size=2), ready_batches=opt() | small,
-                    last_batch_at=floats)
+                    last_batch_at=floats, rebuilt=small)
 gpus = st.builds(GpuInfo, index=small, uuid=text, name=text, driver=text, util_percent=opt() | floats,
                  mem_used_bytes=opt() | small, mem_total_bytes=opt() | small, temperature_c=opt() | floats,
                  power_w=opt() | floats)

@@ -95,6 +95,12 @@ def test_the_page_is_laid_over_the_last_sample_and_keeps_what_only_the_sample_ha
     # Another process's page (a restarted rank's predecessor) is not laid over.
     other = msgspec.structs.replace(sample, pid=facts.pid + 1)
     assert apply_page(other, facts) is other
+    # A run resumed at epoch 14 (its sampler's set_epoch, which the page does not hold), its
+    # loader built anew for each pass: the page's passes go on from the sample's epoch.
+    resumed = msgspec.structs.replace(sample, epoch=14, loaders=[
+        msgspec.structs.replace(sample.loaders[0], passes=1, rebuilt=3)])
+    final = apply_page(resumed, facts)
+    assert (final.epoch, final.loaders[0].passes, final.loaders[0].rebuilt) == (14, 1, 3)
 
 
 def test_damaged_or_foreign_pages_are_refused(tmp_path: Path) -> None:

@@ -60,29 +60,60 @@ def reported_env() -> dict[str, str]:
     return filter_env(dict(os.environ))
 
 
-def param_fingerprint(wrapper: str, module: Any) -> ParamFingerprint:
+def param_fingerprint(wrapper: str, module: Any, zero_stage: int | None = None) -> ParamFingerprint:
     """Count, element total and shape hash of *module*'s parameters (no values).
 
     A DTensor parameter (FSDP2's ``fully_shard``, tensor parallel) holds a local shard
     whose size differs across ranks when a dimension does not divide evenly: its
     ``shape`` and ``numel()`` are the global ones, and the hash also covers its
     placements and mesh shape, so ranks compare what they agreed on, not their shards.
+    A ZeRO-3 parameter (DeepSpeed, *zero_stage* given) keeps its global shape in
+    ``ds_shape`` while its data may be an empty placeholder: the global shape is hashed,
+    and what the rank holds (its partition, ``ds_tensor``) is counted in ``held_numel``.
     """
     digest = hashlib.blake2b(digest_size=8)
     shapes: list[tuple[str, list[int]]] = []
-    count = numel = sharded = 0
+    count = numel = sharded = partitioned = held = 0
     for name, param in module.named_parameters():
-        shape = [int(d) for d in param.shape]
+        ds_shape = getattr(param, "ds_shape", None)
+        if ds_shape is not None:  # ZeRO-3 (zero.Init, or the engine's partitioning)
+            shape = [int(d) for d in ds_shape]
+            size = int(getattr(param, "ds_numel", 0) or _product(shape))
+        else:
+            shape = [int(d) for d in param.shape]
+            size = int(param.numel())
         layout = _placement(param)
         if layout:
             sharded += 1
         digest.update(f"{name}:{shape}{layout};".encode())
         count += 1
-        numel += int(param.numel())
+        numel += size
+        if zero_stage is not None:
+            part = _zero3_partition(param)
+            partitioned += part is not None
+            held += part if part is not None else size
         if len(shapes) < MAX_SHAPES:
             shapes.append((name, shape))
     return ParamFingerprint(count=count, numel=numel, shapes_hash=digest.hexdigest(),
-                            wrapper=wrapper, shapes=shapes, dtensors=sharded)
+                            wrapper=wrapper, shapes=shapes, dtensors=sharded, zero_stage=zero_stage,
+                            partitioned=partitioned, held_numel=held if zero_stage is not None else None)
+
+
+def _zero3_partition(param: Any) -> int | None:
+    """Elements of the partition a ZeRO-3 parameter holds while its data is released (the
+    placeholder is empty); None for a parameter whose data is whole here (ZeRO 0-2, a
+    persistent or gathered ZeRO-3 parameter)."""
+    partition = getattr(param, "ds_tensor", None)
+    if partition is None or int(param.numel()) != 0:
+        return None
+    return int(getattr(partition, "ds_numel", 0) or partition.numel())
+
+
+def _product(shape: list[int]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
 
 
 def _placement(param: Any) -> str:

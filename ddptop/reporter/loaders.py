@@ -7,6 +7,14 @@ iterator: the patches here see every loader whatever wraps it. Which loader is t
 *training* loader is decided by the optimizer hook (:mod:`ddptop.reporter.progress`):
 the loader whose batch was taken last when an optimizer step happened.
 
+Some loops build a new DataLoader for every pass over the same data: DeepSpeed's engine
+loader (``engine.deepspeed_io``) makes one each time it is iterated, and so does a loop that
+builds ``DataLoader(ds, shuffle=True)`` inside its epoch loop. A new loader over the same
+dataset object whose order of samples comes from the same sampler object, or from a sampler
+of the same class once the previous loader is gone, continues that loader's record (see
+:func:`continued_record`): its passes are one loader's passes, and the epoch counts them.
+Where the script calls its sampler's ``set_epoch``, that number is the epoch.
+
 The ``__next__`` patch runs once per batch on the training thread: a few attribute
 stores, no allocation. Records are created on the cold path (``__iter__``) only.
 """
@@ -32,18 +40,24 @@ MAX_LOADERS = 32  # records kept per rank: loaders re-created every epoch must n
 
 
 class LoaderRecord:
-    """Counters of one DataLoader object (written by the training thread)."""
+    """Counters of one DataLoader, or of the loaders built anew for each pass over its data
+    (written by the training thread)."""
 
-    __slots__ = ("base", "batch", "batch_size", "completed", "completed_pass", "index", "iterator",
-                 "last_pc", "length", "loader", "name", "passes", "slot", "steps")
+    __slots__ = ("base", "batch", "batch_size", "completed", "completed_pass", "dataset", "index", "iterator",
+                 "last_pc", "length", "loader", "loader_id", "name", "order", "order_kind", "passes",
+                 "rebuilt", "sampler_epoch", "slot", "steps")
 
     def __init__(self, index: int, loader: Any) -> None:
         self.index = index  # order of first iteration on this rank: the same on every rank
         self.loader: weakref.ref[Any] = weakref.ref(loader)
-        dataset = getattr(loader, "dataset", None)
-        self.name = f"{type(loader).__name__}({type(dataset).__name__})"
-        size = getattr(loader, "batch_size", None)
-        self.batch_size = size if isinstance(size, int) else None
+        self.loader_id = id(loader)
+        self.rebuilt = 0  # new loader objects that took this record over (one per pass: DeepSpeed)
+        self.dataset: weakref.ref[Any] | None = None
+        self.order: weakref.ref[Any] | None = None
+        self.order_kind: tuple[str, str] = ("", "")
+        self.batch_size: int | None = None
+        self.name = ""
+        self._describe(loader)
         self.iterator: weakref.ref[Any] | None = None
         self.length: int | None = None
         self.passes = 0  # iter() calls: passes started
@@ -52,8 +66,47 @@ class LoaderRecord:
         self.batch = 0  # batches yielded in the current pass
         self.steps = 0  # optimizer steps this loader's batches fed
         self.last_pc = 0.0  # perf_counter of its latest batch
+        # The epoch the script gave its sampler (set_epoch) at the latest pass start; None
+        # while it gave none (a sampler still at epoch 0 may never have been told one).
+        self.sampler_epoch: int | None = None
         self.slot = index % PAGE_LOADERS  # its record on the progress page (the newest 16 loaders)
         self.base = loader_base(self.slot)
+
+    def _describe(self, loader: Any) -> None:
+        dataset = getattr(loader, "dataset", None)
+        self.name = f"{type(loader).__name__}({type(dataset).__name__})"
+        self.dataset = _weak(dataset)
+        order = order_of(loader)
+        self.order = _weak(order)
+        self.order_kind = (type(loader).__qualname__, type(order).__qualname__)
+        size = getattr(loader, "batch_size", None)
+        self.batch_size = size if isinstance(size, int) else None
+
+    def take_over(self, loader: Any) -> None:
+        """A new loader over this record's data continues its passes (cold path)."""
+        self.loader = weakref.ref(loader)
+        self.loader_id = id(loader)
+        self.rebuilt += 1
+        self._describe(loader)
+
+    def continued_by(self, loader: Any) -> bool:
+        """Whether *loader* is this record's loader built anew: the same dataset object, its
+        order from the same sampler object, or from a sampler of the same class once the
+        previous loader is gone (two live loaders over one dataset stay two records)."""
+        dataset = getattr(loader, "dataset", None)
+        if dataset is None or self.dataset is None or self.dataset() is not dataset:
+            return False
+        order = order_of(loader)
+        if (type(loader).__qualname__, type(order).__qualname__) != self.order_kind:
+            return False
+        same_sampler = order is not None and self.order is not None and self.order() is order
+        return same_sampler or self.loader() is None
+
+    def epoch(self) -> int:
+        """The current epoch: the sampler's, where the script set one, else the passes before this one."""
+        if self.sampler_epoch is not None:
+            return self.sampler_epoch
+        return max(self.passes - 1, 0)
 
     def end_of_pass(self) -> None:
         """StopIteration from this loader's iterator: count the pass once."""
@@ -101,6 +154,9 @@ def record_for(p: ProgressCounters, loader: Any) -> LoaderRecord:
     rec = p.loader_by_id.get(id(loader))
     if rec is not None and rec.loader() is loader:
         return rec
+    rec = continued_record(p, loader)
+    if rec is not None:
+        return rec
     rec = LoaderRecord(p.loaders_seen, loader)
     p.loaders_seen += 1
     if len(p.loaders) >= MAX_LOADERS:
@@ -114,6 +170,52 @@ def record_for(p: ProgressCounters, loader: Any) -> LoaderRecord:
     p.loaders = [*p.loaders, rec]  # a new list: the reporter thread iterates the old one
     p.loader_by_id[id(loader)] = rec
     return rec
+
+
+def continued_record(p: ProgressCounters, loader: Any) -> LoaderRecord | None:
+    """The record a new *loader* continues (DeepSpeed's loader built anew each pass), taken
+    over by it; None for a loader of its own. The newest matching record wins."""
+    for rec in reversed(p.loaders):
+        if rec.continued_by(loader):
+            if p.loader_by_id.get(rec.loader_id) is rec:
+                del p.loader_by_id[rec.loader_id]
+            rec.take_over(loader)
+            p.loader_by_id[id(loader)] = rec
+            return rec
+    return None
+
+
+def order_of(loader: Any) -> Any:
+    """What decides *loader*'s order of samples: a batch sampler of the script's own
+    (DataLoader(batch_sampler=...), accelerate's shards), else its sampler."""
+    sampler = getattr(loader, "sampler", None)
+    batches = getattr(loader, "batch_sampler", None)
+    if batches is not None and getattr(batches, "sampler", None) is not sampler:
+        return batches
+    return sampler
+
+
+def sampler_epoch(loader: Any) -> int | None:
+    """The epoch *loader*'s sampler holds (``set_epoch`` keeps it in ``epoch``: DistributedSampler
+    and kin), None for a sampler without ``set_epoch``."""
+    order = order_of(loader)
+    for candidate in (order, getattr(order, "sampler", None)):
+        epoch = getattr(candidate, "epoch", None)
+        if callable(getattr(candidate, "set_epoch", None)) and isinstance(epoch, int) \
+                and not isinstance(epoch, bool):
+            return epoch
+    return None
+
+
+def _weak(obj: Any) -> weakref.ref[Any] | None:
+    """A weak reference to *obj*, None where it takes none (a list as a dataset): never a
+    strong one, which would keep a dataset alive."""
+    if obj is None:
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
 
 
 def patch_dataloader(p: ProgressCounters) -> list[str]:
@@ -180,6 +282,9 @@ def start_pass(p: ProgressCounters, loader: Any, it: Any) -> None:
     rec.completed_pass = rec.passes
     rec.passes += 1
     rec.batch = 0
+    told = sampler_epoch(loader)
+    if told is not None and (told or rec.sampler_epoch is not None):
+        rec.sampler_epoch = told
     try:
         rec.length = len(loader)
     except TypeError:  # IterableDataset without __len__
@@ -189,7 +294,7 @@ def start_pass(p: ProgressCounters, loader: Any, it: Any) -> None:
     # The RNG fingerprint is taken when the training loader starts a pass (before the
     # first step, when no loader has fed a step yet, any loader's pass counts).
     if p.on_epoch_start is not None and (p.train_rec is None or p.train_rec is rec):
-        p.on_epoch_start(rec.passes - 1)
+        p.on_epoch_start(rec.epoch())
 
 
 def page_loader(p: ProgressCounters, rec: LoaderRecord) -> None:

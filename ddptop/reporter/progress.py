@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddptop.reporter import deepspeed_engine
 from ddptop.reporter.loaders import LoaderRecord, page_loader, patch_dataloader
 from ddptop.store.progress_page import L_STEPS, LAST_STEP_PC_F, STEP, TRAIN_INDEX, ProgressPage
 
@@ -164,6 +165,9 @@ def install_torch_patches(torch_module: Any, teardown_yield_s: float = 0.05) -> 
 
     when_imported("torch.distributed.fsdp._fully_shard._fully_shard", patch_fully_shard)
     patched.append("fully_shard(FSDP2)")
+    when_imported(deepspeed_engine.ENGINE_MODULE, functools.partial(deepspeed_engine.patch_engine,
+                                                                    progress=PROGRESS))
+    patched.append("DeepSpeedEngine(when imported)")
     return patched
 
 

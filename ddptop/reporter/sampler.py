@@ -35,7 +35,7 @@ from ddptop.protocol import (
     StacksMsg,
     StateMsg,
 )
-from ddptop.reporter import collectives, environment, stacks
+from ddptop.reporter import collectives, deepspeed_engine, environment, stacks
 from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.crash import CrashCapture
 from ddptop.reporter.last_words import SigtermWatch
@@ -278,7 +278,7 @@ class Reporter:
         if train is None:
             s.epoch, s.batch, s.batches_per_epoch, s.last_batch_at = 0, 0, None, 0.0
             return
-        s.epoch, s.batch, s.batches_per_epoch = max(train.passes - 1, 0), train.batch, train.length
+        s.epoch, s.batch, s.batches_per_epoch = train.epoch(), train.batch, train.length
         s.last_batch_at = wall_of(train.last_pc)  # converted from the hot path's perf_counter stamp
         info = next((i for i in s.loaders if i.index == train.index), None)
         if info is not None and train.iterator is not None and train.iterator() is not None:
@@ -296,7 +296,7 @@ class Reporter:
             index=rec.index, name=rec.name, role=role_of(rec, steps_counted), length=rec.length,
             batch=rec.batch, passes=rec.passes, passes_completed=rec.passes_done(), steps=rec.steps,
             batch_size=rec.batch_size, workers=workers, worker_pids=pids, ready_batches=ready,
-            last_batch_at=wall_of(rec.last_pc))
+            last_batch_at=wall_of(rec.last_pc), rebuilt=rec.rebuilt)
 
     def _sample_torch(self, s: RankState, now: float) -> None:
         from torch.distributed import distributed_c10d as c10d
@@ -335,7 +335,10 @@ class Reporter:
 
     def _on_wrap(self, wrapper: str, module: Any, device_ids: Any) -> None:
         try:
-            fingerprint = environment.param_fingerprint(wrapper, module)
+            if wrapper == deepspeed_engine.WRAPPER:
+                fingerprint = deepspeed_engine.fingerprint(module)
+            else:
+                fingerprint = environment.param_fingerprint(wrapper, module)
             before = self.state.param_fingerprint
             if wrapper == "fully_shard" and before is not None and before.wrapper == wrapper \
                     and before.count > fingerprint.count:

@@ -150,12 +150,14 @@ def apply_page(state: RankState, facts: PageFacts) -> RankState:
     """
     if facts.pid != state.pid or facts.step < state.step:
         return state
-    loaders = {info.index: info for info in state.loaders}
+    sampled = {info.index: info for info in state.loaders}
+    loaders = dict(sampled)
     for info in facts.loaders:
         old = loaders.get(info.index)
         if old is not None:
             info = msgspec.structs.replace(info, workers=old.workers, worker_pids=old.worker_pids,
-                                           ready_batches=old.ready_batches, name=info.name or old.name)
+                                           ready_batches=old.ready_batches, name=info.name or old.name,
+                                           rebuilt=old.rebuilt)
         loaders[info.index] = info
     last_at = max([facts.last_step_at, *(info.last_batch_at for info in facts.loaders)])
     fields: dict[str, object] = {"step": facts.step, "loaders": [loaders[i] for i in sorted(loaders)],
@@ -164,6 +166,11 @@ def apply_page(state: RankState, facts: PageFacts) -> RankState:
         fields["last_step_at"] = facts.last_step_at
     train = loaders.get(facts.train_index) if facts.train_index is not None else None
     if train is not None:
-        fields.update(epoch=max(train.passes - 1, 0), batch=train.batch, batches_per_epoch=train.length,
+        # The epoch a script gave its sampler (set_epoch) is not on the page: the sample's epoch
+        # goes on by the passes the page counted since.
+        before = sampled.get(train.index)
+        told = state.epoch - max(before.passes - 1, 0) if before is not None and before.role == "train" else 0
+        epoch = max(train.passes - 1 + told, 0)
+        fields.update(epoch=epoch, batch=train.batch, batches_per_epoch=train.length,
                       last_batch_at=train.last_batch_at or state.last_batch_at)
     return msgspec.structs.replace(state, **fields)
