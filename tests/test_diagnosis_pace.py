@@ -62,7 +62,8 @@ def test_a_diagnosis_gives_way_before_every_rule_and_finds_the_same() -> None:
     assert hook.seen.pop("shared") >= 5  # before each result the rules share (active ranks, windows...)
     # Within the rules that pass over every rank more than once: between their passes (one
     # process group here), and every EVERY ranks of a loop.
-    inside = {"_unequal_train": 2, "_unequal_eval": chunks, "collective_stall": 2, "collective_mismatch": 1}
+    # The wait-for graph (wait_graph.build): its two passes over the ranks, every EVERY ranks.
+    inside = {"_unequal_train": 2, "_unequal_eval": chunks, "build": 2 * chunks, "collective_mismatch": 1}
     assert {k: hook.seen.pop(k) for k in inside} == inside
     assert hook.seen == {"snapshot": chunks + 1, "recent_histories": chunks, "diagnose_by_rule": len(RULES)}
     # A carried diagnosis (the rate rules not run) gives way before the rules it runs only.
