@@ -1,8 +1,10 @@
 """Logs nobody tuned on (#46): tests/data/logs_heldout, split before any reader code.
 
 The tune half was read while the reader was written; the holdout half was measured once,
-at the end, and its figure pinned here as measured (nothing was changed after it). On both,
-and on the old corpus:
+at the end, and its figure pinned here as measured; it was spent then (one reader gap it showed
+was fixed after). Holdout2, 22 more logs collected and committed before that fix, was measured
+once after it, and its figure is pinned here as measured (nothing was changed after it). On all
+of them, and on the old corpus:
 
 * no healthy rank is ever named as a certain cause;
 * no log is refused (the CLI's exit 2 is for a missing or unreadable path only);
@@ -22,15 +24,24 @@ from tests.log_scoring import diagnose_path, score, truth_of
 
 DATA = Path(__file__).parent / "data"
 TUNE, HOLDOUT, OLD = DATA / "logs_heldout" / "tune", DATA / "logs_heldout" / "holdout", DATA / "logs"
+HOLDOUT2 = DATA / "logs_heldout" / "holdout2"
 # Measured: tune after the reader was written (14 of 20 before it, 11 refused, 1 healthy rank
 # named); the old corpus before and after (30 -> 32 of 36: exit statuses read for what they mean
 # stopped naming ranks 0 and 7 of 32 and 35); the holdout once, at the end: 17 of 19 (89 %; the
 # two: rank 1's "ncclCommInitRank failed" read as its own exception, and a "CUDA error: unknown
-# error" the thread shows on every GPU count read as rank 0's own).
-RIGHT_AT_LEAST = {TUNE: 20, OLD: 32, HOLDOUT: 17}
+# error" the thread shows on every GPU count read as rank 0's own). That holdout is spent since:
+# an NCCL call's failure is now read as the communicator's (18 of 19); the other log's words are
+# those of the holdout's rank-7 log whose thread names rank 7, so no reading of the text tells them
+# apart, and it stays wrong.
+# Holdout2: 22 logs collected and labelled after the first holdout was spent, committed before
+# the reader changed again, measured once after that change: 20 of 22 (91 %), 0 healthy ranks
+# named, none refused. The two: rank 1's watchdog line behind docker compose's and ray's prefixes
+# with its colour codes pasted as text ("ESC[36m") is read without its rank; the tail of a
+# torchrun summary without its "[0]:" header (rank 0, SIGSEGV) is not read at all.
+RIGHT_AT_LEAST = {TUNE: 20, OLD: 32, HOLDOUT: 18, HOLDOUT2: 20}
 
 
-@pytest.mark.parametrize("folder", [TUNE, OLD, HOLDOUT], ids=["tune", "old", "holdout"])
+@pytest.mark.parametrize("folder", [TUNE, OLD, HOLDOUT, HOLDOUT2], ids=["tune", "old", "holdout", "holdout2"])
 def test_no_healthy_rank_named_no_log_refused_and_the_measured_share_right(folder: Path) -> None:
     rows = score(folder)
     assert len(rows) == len(truth_of(folder))
@@ -39,6 +50,8 @@ def test_no_healthy_rank_named_no_log_refused_and_the_measured_share_right(folde
     right = sum(r.right for r in rows)
     wrong = [(r.name, sorted(r.named), r.titles[:1]) for r in rows if not r.right]
     assert right >= RIGHT_AT_LEAST[folder], wrong
+    if folder == HOLDOUT2:  # the issue's bar on logs nobody tuned on: at least 90 % right
+        assert right * 10 >= len(rows) * 9, (right, len(rows), wrong)
 
 
 def test_the_halves_hold_at_least_thirty_logs_a_third_of_them_singling_out_no_rank() -> None:
@@ -57,7 +70,23 @@ def test_the_halves_hold_at_least_thirty_logs_a_third_of_them_singling_out_no_ra
             assert (folder / name).stat().st_size <= 64 << 10
 
 
-@pytest.mark.parametrize("path", sorted(TUNE.glob("*.log")) + sorted(OLD.glob("*.log")), ids=lambda p: p.name)
+def test_holdout2_was_collected_apart_a_third_of_it_singling_out_no_rank() -> None:
+    """22 logs of threads no other set cites (tests/data/logs_heldout/SOURCE.md, 'holdout2')."""
+    truth = truth_of(HOLDOUT2)
+    assert len(truth) >= 20 and {t["half"] for t in truth.values()} == {"holdout2"}
+    assert sum(1 for t in truth.values() if not t["culprits"]) * 3 >= len(truth)
+    assert set(truth) == {p.name for p in HOLDOUT2.glob("*.log")}
+    cited = "".join((folder / "SOURCE.md").read_text() for folder in (OLD, TUNE, HOLDOUT))
+    source = (HOLDOUT2 / "SOURCE.md").read_text()
+    threads = [source.split(f"## {name}", 1)[1].split("- Thread: ", 1)[1].split(" ", 1)[0] for name in truth]
+    assert len(set(threads)) == len(threads)
+    for name, thread in zip(truth, threads, strict=True):
+        assert thread.startswith("https://github.com/") and thread not in cited, (name, thread)
+        assert (HOLDOUT2 / name).stat().st_size <= 64 << 10
+
+
+@pytest.mark.parametrize("path", [*sorted(TUNE.glob("*.log")), *sorted(OLD.glob("*.log")),
+                                  *sorted(HOLDOUT2.glob("*.log"))], ids=lambda p: p.name)
 def test_no_field_the_log_does_not_hold_is_printed(path: Path) -> None:
     for f in diagnose_path(path):
         assert f.step != 0 and f.since != 0, (f.step, f.since, f.title)  # --json: null, not 0

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from ddptop import api
 from ddptop.diagnosis.claims import Claim, claim_findings
 from ddptop.diagnosis.exit_reading import read_exit
 from ddptop.diagnosis.story import blames, culprits
 from ddptop.evidence.log_claims import claims_of
 from ddptop.evidence.log_lines import parse_lines
 from ddptop.evidence.log_prefixes import BY_NAME, SHAPES
+from ddptop.evidence.scan import load_evidence
 from ddptop.evidence.torchrun_log import read_console_log
 from ddptop.protocol import STUB_LOCAL_RANK, RankState
 from ddptop.status import Status
@@ -222,14 +224,43 @@ def test_a_duplicate_gpu_is_a_set_up_error_of_both_ranks() -> None:
     assert not blames(finding) and "set-up" in finding.title
 
 
-def test_the_oom_killers_pid_is_given_to_the_rank_of_that_pid(tmp_path: Path) -> None:
-    """The kernel's line (kernel list quote) beside torchrun's line of the same pid (31's shape)."""
+# The kernel's two lines of one kill, as dmesg printed them (ShengcaiLiao/QAConv#19, comment of
+# 2021-12-30), and torchrun's line of a job the OOM killer ended (xxayt/MGSV#2): real, unedited.
+OOM_KILL = ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
+            "task_memcg=/user.slice/user-1000.slice/user@1000.service,task=python,pid=698405,uid=1000\n"
+            "[441280.839852] Out of memory: Killed process 698405 (python) total-vm:49978204kB, "
+            "anon-rss:12918388kB, file-rss:68668kB, shmem-rss:53352kB, UID:1000 pgtables:49772kB "
+            "oom_score_adj:0\n")
+TORCHRUN_KILLED = ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 "
+                   "(pid: 178) of binary: /root/miniconda3/envs/MGSV_env/bin/python\n")
+
+
+def test_the_oom_killer_names_the_pid_it_killed_and_no_rank_the_log_does_not_tie_to_it() -> None:
+    (claim,) = _claims(OOM_KILL)  # its two lines are one kill: one claim
+    assert claim.kind == "oom_killer" and claim.place == "pid 698405" and not claim.culprits
+    assert "(python)" in claim.words and claim.source == "the kernel (dmesg)"
+
+
+def test_the_oom_killers_pid_is_no_ranks_where_no_rank_of_the_log_had_it(tmp_path: Path) -> None:
+    """Two real logs' lines in one file: torchrun's rank 0 was pid 178, the kernel killed pid
+    698405 (another machine): the kill is not given to rank 0. (No public thread held both lines
+    of one pid: the pairing of a pid with its rank has no real-line test of its own.)"""
     log = tmp_path / "console.log"
-    log.write_text("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 "
-                   "(pid: 1669) of binary: /usr/bin/python3\n"
-                   "[ 1171.795551] Out of memory: Killed process 1669 (xdg-desktop-por) total-\n")
+    log.write_text(TORCHRUN_KILLED + OOM_KILL)
     (claim,) = read_console_log(log).claims
-    assert claim.kind == "oom_killer" and claim.culprits == [0] and "pid of rank 0" in claim.source
+    assert claim.kind == "oom_killer" and claim.culprits == [] and "pid of rank" not in claim.source
+
+
+def test_a_bundle_exported_from_a_log_keeps_its_claims_and_is_judged_as_the_log(tmp_path: Path) -> None:
+    """`ddptop export` of a console log: the monitored barrier's claim travels in the bundle's
+    findings record, so `doctor` on the bundle names rank 0 as it does on the log."""
+    log, bundle = TUNE / "monitored-barrier-rank1-names-rank0.log", tmp_path / "barrier.ddptop"
+    api.export(log, bundle)
+    kept = load_evidence([bundle]).log_claims
+    assert kept == load_evidence([log]).log_claims and [c.culprits for c in kept] == [[0]]
+    for path in (log, bundle):
+        blamed = {r for f in api.read_evidence(path).findings.findings if blames(f) for r in culprits(f)}
+        assert blamed == {0}, path
 
 
 def test_an_xid_line_names_a_gpu_of_a_host() -> None:
@@ -266,8 +297,12 @@ def _ended(signal: str = "", reason: str = "", code: int | None = None) -> RankS
      False, False),
     (_ended(reason="work = group.barrier(opts=opts)", code=1), False, False),  # traceback cut in a collective
     (_ended(reason="exited with code 1", code=1), False, False),  # an exit code alone
+    # horovod's words for an NCCL call that failed (pytorch/ignite#3466, the holdout's line): the
+    # communicator's failure, read like torch's "NCCL error ... unhandled cuda error"
+    (_ended(reason="RuntimeError: ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO "
+                   "for details)", code=1), False, False),
 ], ids=["sigabrt", "sigkill", "sigkill-alone", "sigsegv", "own-exception", "nccl-timeout",
-        "monitored-barrier", "cut-in-barrier", "code-alone"])
+        "monitored-barrier", "cut-in-barrier", "code-alone", "nccl-call-failed"])
 def test_exit_statuses_are_read_for_what_they_usually_mean(state: RankState, alone: bool,
                                                            certain: bool) -> None:
     assert read_exit(state, alone).certain is certain

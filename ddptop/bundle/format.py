@@ -20,6 +20,7 @@ from typing import Literal
 
 import msgspec
 
+from ddptop.diagnosis.claims import Claim
 from ddptop.diagnosis.finding import Finding
 from ddptop.protocol import ConnectionEvent, RankExit, RecordEntry  # Event: the one union
 from ddptop.wire import MAX_FRAME_BYTES as MAX_FRAME_BYTES  # one frame limit, sockets and files
@@ -41,6 +42,7 @@ MAX_RANKS = 1 << 16
 MAX_SAMPLES_PER_FRAME = 100_000
 MAX_CRASH_BYTES = 256 * 1024
 MAX_TEXT_BYTES = 8 * 1024 * 1024
+MAX_CLAIMS = 256  # a console log's claims kept in a findings record (as many as a log gives)
 
 Kind = Literal["recording", "bundle"]
 
@@ -87,6 +89,10 @@ class FindingsRecord(msgspec.Struct, tag="findings", kw_only=True):
     time: float
     findings: list[Finding] = []
     error: str = ""  # why there are none (diagnosis unavailable or failed)
+    # What the console logs among the evidence claimed (#46: the monitored barrier's "from
+    # rank N", a rank's own CUDA error, NCCL's lost peer): kept so the bundle is judged as the
+    # logs were (read back into Contents.log_claims). A field with a default: older files, none.
+    claims: list[Claim] = []
 
 
 class EndMarker(msgspec.Struct, tag="end", kw_only=True):

@@ -58,7 +58,8 @@ class Contents:
     end: EndMarker | None = None
     warnings: list[str] = field(default_factory=list)
     # What a console log's statements claim (#46: the monitored barrier's "from rank N", a
-    # rank's own CUDA error, NCCL's lost peer): judged beside the rules, never stored.
+    # rank's own CUDA error, NCCL's lost peer): judged beside the rules; a bundle exported from
+    # evidence keeps them in its findings record, read back here.
     log_claims: list[Claim] = field(default_factory=list)
     console_logs: int = 0  # console logs among the evidence read
 
@@ -256,6 +257,7 @@ def _place(contents: Contents, frame: Frame) -> None:
         contents.crash_files[frame.rank] = frame
     elif isinstance(frame, FindingsRecord):
         contents.findings = frame
+        contents.log_claims += frame.claims[:fmt.MAX_CLAIMS]
     elif isinstance(frame, EndMarker):
         contents.end = frame
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from ddptop.client.model_feed import ModelFeed
 from ddptop.client.targets import JobTarget, resolve
 from ddptop.client.watch import watching
 from ddptop.diagnosis import findings_for_model
+from ddptop.diagnosis.claims import Claim
 from ddptop.errors import UsageError
 from ddptop.model.job import JobModel
 from ddptop.model.rank_view import LOST
@@ -194,7 +195,7 @@ def export_contents(contents: Contents, path: str | os.PathLike[str], *, job_id:
                         job_id=target_job, world_size=world, ddptop_version=__version__,
                         hosts=sorted({s.host for s in states}), unanswered=dict(contents.manifest.unanswered),
                         note=f"exported {note} ({len(contents.events)} events)")
-    findings = _findings(model, end)
+    findings = _findings(model, end, contents.log_claims)
     report("writing", 0, 1)
     writer = write_bundle(path, manifest, contents.events, host_facts(states),
                           list(contents.crash_files.values()), findings, f"export {note}")
@@ -222,10 +223,12 @@ def write_bundle(path: str | os.PathLike[str], manifest: Manifest, events: list[
     return writer
 
 
-def _findings(model: JobModel, now: float) -> FindingsRecord:
+def _findings(model: JobModel, now: float, claims: Sequence[Claim] = ()) -> FindingsRecord:
+    """The findings at *now*, with what the evidence's console logs claimed (kept beside them:
+    a bundle of a log is judged as the log was)."""
     try:
-        found = findings_for_model(model, now)
+        found = findings_for_model(model, now, claims=claims)
     except Exception as exc:  # the bundle matters more than a diagnosis bug
         log.warning("diagnosis failed during export: %s", exc)
-        return FindingsRecord(time=now, error=f"diagnosis failed: {exc}")
-    return FindingsRecord(time=now, findings=found)
+        return FindingsRecord(time=now, error=f"diagnosis failed: {exc}", claims=list(claims))
+    return FindingsRecord(time=now, findings=found, claims=list(claims))

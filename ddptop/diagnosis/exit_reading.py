@@ -12,8 +12,9 @@ usually mean:
   no other process at all (a one-process job's rank 0);
 * **SIGSEGV, SIGBUS, SIGILL, SIGFPE**: the crash itself, of that rank;
 * **an exit code with a traceback**: the traceback's own exception; one raised inside a
-  collective or because a peer went (a timeout, ``ncclRemoteError``, the monitored
-  barrier's report) is a victim's; **an exit code alone** says nothing of why.
+  collective or because a peer went (a timeout, ``ncclRemoteError``, an NCCL call that
+  failed such as horovod's ``ncclCommInitRank failed``, the monitored barrier's report) is a
+  victim's, or the communicator's; **an exit code alone** says nothing of why.
 
 The order of lines in a file is never a verdict by itself: where several ranks failed and
 the log gives no times that tell them apart, which failed first is not told. And a step, host
@@ -35,6 +36,7 @@ _OWN_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]{0,120}(?:Error|Exception|Interr
 # Words of an error a rank raises because of the collective or a peer, not of its own making.
 _COLLECTIVE = re.compile(r"Watchdog caught|Timeout at NCCL work|timed out|DistBackendError|NCCL error|"
                          r"ncclRemoteError|ncclInternalError|ncclSystemError|monitoredBarrier|"
+                         r"\bnccl[A-Z]\w{2,40} failed|"  # an NCCL call's failure (horovod's ncclCommInitRank)
                          r"Detected mismatch between collectives|ProcessGroup|c10d|HorovodInternalError",
                          re.IGNORECASE)
 # Frames of a traceback whose last words were cut: the call it stopped in tells as much.

@@ -162,12 +162,13 @@ def load_evidence(paths: Sequence[str | os.PathLike[str]], *, job_id: str = "") 
                                   + ": only the first recording is read")
         if not found.dumps and not found.failures:
             base.warnings += found.warnings
-            base.log_claims, base.console_logs = found.claims, found.console_logs
+            base.log_claims, base.console_logs = [*base.log_claims, *found.claims], found.console_logs
             return base
     name = job_id or _job_name(paths)
+    kept = base.log_claims if base is not None else []  # a bundle of a log keeps the log's claims
     contents = fold_evidence(found.dumps, found.failures, job_id=name, path=str(paths[0]),
                              warnings=found.warnings, base=base)
-    contents.log_claims, contents.console_logs = found.claims, found.console_logs
+    contents.log_claims, contents.console_logs = [*kept, *found.claims], found.console_logs
     return contents
 
 
