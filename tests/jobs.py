@@ -156,6 +156,21 @@ class RunningJob:
         stop_tree(self.proc)
 
 
+def held_snapshot(job: RunningJob, release: Path, nproc: int, timeout: float) -> dict[str, Any]:
+    """Wait for every rank's hold marker (``<release>.held<rank>``, holding the moment it was
+    written), then return a snapshot sampled after the last one."""
+    markers = [Path(f"{release}.held{r}") for r in range(nproc)]
+    deadline = time.monotonic() + timeout
+    while not all(m.exists() for m in markers):
+        if job.proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"ranks did not finish training (rc {job.proc.poll()}):\n"
+                                 f"{job.log()[-4000:]}")
+        time.sleep(0.2)
+    held_at = max(float(m.read_text() or 0) for m in markers)
+    return job.wait_for(lambda s: len(s["ranks"]) == nproc and all(r["time"] > held_at for r in s["ranks"]),
+                        timeout=30, interval=0.3)
+
+
 class JobRunner:
     """Starts probe jobs for one test and stops them all at teardown."""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests import deepspeed_op
-from tests.jobs import JobRunner, RunningJob
+from tests.jobs import JobRunner, RunningJob, held_snapshot
 from tests.test_probes_e2e import poll_doctor, text_of
 
 if importlib.util.find_spec("deepspeed") is None:  # never imported here: seconds of start-up
@@ -69,18 +68,9 @@ def jobs(shm_op: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dee
         runner.stop_all()
 
 
-def held_snapshot(job: RunningJob, release: Path) -> dict[str, Any]:
+def held_after_epochs(job: RunningJob, release: Path) -> dict[str, Any]:
     """*job*'s snapshot sampled after every rank finished its epochs (and holds)."""
-    markers = [Path(f"{release}.held{r}") for r in range(NPROC)]
-    deadline = time.monotonic() + START_S
-    while not all(m.exists() for m in markers):
-        if job.proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"ranks did not finish training (rc {job.proc.poll()}):\n"
-                                 f"{job.log()[-4000:]}")
-        time.sleep(0.2)
-    held_at = max(float(m.read_text() or 0) for m in markers)
-    return job.wait_for(lambda s: len(s["ranks"]) == NPROC and all(r["time"] > held_at for r in s["ranks"]),
-                        timeout=30, interval=0.3)
+    return held_snapshot(job, release, NPROC, START_S)
 
 
 def job_env(release: Path, **probe: str) -> dict[str, str]:
@@ -93,7 +83,7 @@ def job_env(release: Path, **probe: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def held(jobs: DeepSpeedJobs) -> dict[str, Any]:
     """The trained job's snapshot after its epochs."""
-    return held_snapshot(jobs.trained, jobs.trained_release)
+    return held_after_epochs(jobs.trained, jobs.trained_release)
 
 
 def test_epoch_batch_and_fingerprint_of_a_zero2_engine(held: dict[str, Any]) -> None:
@@ -163,7 +153,7 @@ def test_a_zero3_fingerprint_says_what_each_rank_holds(shm_op: None, job_runner:
     under ZeRO-2, each rank holding half of the elements; the loader's epochs as before."""
     release = tmp_path / "release"
     job = job_runner.start("fw_deepspeed", nproc=NPROC, env=job_env(release, zero_stage="3"))
-    snap = held_snapshot(job, release)
+    snap = held_after_epochs(job, release)
     for r in snap["ranks"]:
         fp = r["param_fingerprint"]
         assert (fp["zero_stage"], fp["partitioned"], fp["count"], fp["numel"]) == (3, 6, 6, NUMEL), fp

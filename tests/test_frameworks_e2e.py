@@ -12,14 +12,12 @@ must come out of ``ddptop doctor --json`` as ``unequal_batches``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.jobs import JobRunner, RunningJob
+from tests.jobs import JobRunner, RunningJob, held_snapshot
 from tests.test_probes_e2e import poll_doctor
 
 pytest.importorskip("lightning")
@@ -67,19 +65,6 @@ CASES = {
 }
 
 
-def _held_snapshot(job: RunningJob, release: Path, timeout: float) -> dict[str, Any]:
-    """Wait for every rank's hold marker, then return a snapshot sampled after the last one."""
-    markers = [Path(f"{release}.held{r}") for r in range(NPROC)]
-    deadline = time.monotonic() + timeout
-    while not all(m.exists() for m in markers):
-        if job.proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"ranks did not finish training (rc {job.proc.poll()}):\n"
-                                 f"{job.log()[-4000:]}")
-        time.sleep(0.2)
-    held_at = max(float(m.read_text() or 0) for m in markers)
-    return job.wait_for(lambda s: len(s["ranks"]) == NPROC and all(r["time"] > held_at for r in s["ranks"]),
-                        timeout=30, interval=0.3)
-
 
 def _start(job_runner: JobRunner, case: Expected, tmp_path: Path, unequal: bool) -> tuple[RunningJob, Path]:
     release = tmp_path / "release"
@@ -100,7 +85,7 @@ def test_training_loader_steps_epoch_batch(job_runner: JobRunner, tmp_path: Path
     """After training, every rank reports the training loader's numbers, not an evaluation loader's."""
     case = CASES[name]
     job, release = _start(job_runner, case, tmp_path, unequal=False)
-    snap = _held_snapshot(job, release, timeout=150)
+    snap = held_snapshot(job, release, NPROC, timeout=150)
     for r in snap["ranks"]:
         where = f"{name} rank {r['rank']}"
         assert r["reporter"]["errors"] == 0, (where, r["reporter"]["last_error"])
