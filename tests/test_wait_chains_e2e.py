@@ -9,6 +9,7 @@ and no other rank as a cause, with every other rank a victim listed with what it
   killed in its backward pass;
 * a 4-stage pipeline: stage 2 stuck in a Python retry loop (stages wait in send/recv, which
   gloo's recorder does not hold: read from each rank's own stack), then stage 2 killed;
+* tensor x data parallel 2x2: a rank that skips its tensor-parallel all_reduce;
 * two ranks that call two groups' all-reduces in opposite orders: a deadlock, its own finding.
 
 The time from the culprit's stop to the finding is printed (the issue asks within 10 s); the
@@ -118,6 +119,20 @@ def test_pipeline_a_killed_stage_is_the_only_cause(job_runner: JobRunner, tmp_pa
     assert causes(findings) == {2}, [f["title"] for f in findings]
     lost = next(f for f in findings if f["kind"] == "rank_lost" and f["severity"] == "critical")
     assert lost["ranks"][0] == 2 and "SIGKILL" in lost["title"], lost
+
+
+def test_tensor_x_data_parallel_a_rank_that_skips_its_tp_all_reduce(job_runner: JobRunner,
+                                                                    tmp_path: Path) -> None:
+    """2x2: rank 1 skips a tensor-parallel all_reduce, so it enters the pair's next op (an
+    all_gather) where rank 0 waits in the all_reduce. Two ranks cannot outvote each other; the
+    other tensor-parallel pair's op at that seq (read from its stalled groups' last ops) can."""
+    job, _ = start(job_runner, tmp_path, "tpdp_skip")
+    job.wait_log(r"rank 1: step \d+: skipping its tensor-parallel all_reduce", timeout=120)
+    f = named_alone(job, 1, "collective_mismatch", time.monotonic(), "TP x DP skip")
+    assert f["certain"] and sorted(f["victims"]) == [0, 2, 3], f
+    assert "as sibling groups ran at #" in f["title"] and "all_reduce" in f["title"], f["title"]
+    told = " ".join(f["evidence"])
+    assert "rank 2 waits in all_reduce [32] float32" in told and "for rank 0" in told, told
 
 
 def test_a_cross_group_deadlock_is_its_own_finding(job_runner: JobRunner, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
 from ddptop.diagnosis.op_semantics import Signature, signer
+from ddptop.diagnosis.rules_waits import with_waiters
 from ddptop.diagnosis.rules_wavefront import applies as wavefront_applies
 from ddptop.model.pace import give_way
 from ddptop.model.snapshot import JobSnapshot
@@ -110,7 +111,7 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                 caveat = f" ({unheard} of the group not heard from: which side diverged is not certain)"
             certain = not caveat
             majority = sorted(e.rank for e in entries if e.key == major)
-            out.append(Finding(
+            out.append(with_waiters(Finding(
                 kind="collective_mismatch", severity="critical",
                 ranks=odd if certain else sorted(e.rank for e in entries), certain=certain,
                 victims=majority if certain else [],
@@ -123,7 +124,7 @@ def collective_mismatch(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                         "number of batches (seeded split, DistributedSampler) and guard rank-dependent "
                         "collectives"),
                 since=now - oldest,
-            ))
+            ), snapshot, now, config))  # the ranks blocked on them (other groups) are victims too
     return out
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import msgspec
+
 from ddptop.diagnosis.common import active, fresh_ranks, human_duration, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, WaitEdge
 from ddptop.diagnosis.rules_unresponsive import is_stopped
-from ddptop.diagnosis.rules_wavefront import applies as recorded_dumps
-from ddptop.diagnosis.wait_graph import Wait, WaitGraph, wait_graph
+from ddptop.diagnosis.wait_graph import Wait, WaitGraph, wait_graph, waits_final
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 from ddptop.status import Status
@@ -46,7 +47,7 @@ def collective_stall(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
     graph = wait_graph(snapshot, now, config)
     if not graph.waits:
         return []
-    final = recorded_dumps(snapshot)
+    final = waits_final(snapshot)
     fresh = fresh_ranks(snapshot, now, config)
     out: list[Finding] = []
     for sinks in _events(graph, fresh):
@@ -239,6 +240,19 @@ def _edge_lines(graph: WaitGraph, victims: set[int]) -> list[str]:
     if len(lines) > MAX_EDGE_LINES:
         lines = [*lines[:MAX_EDGE_LINES], f"+{len(lines) - MAX_EDGE_LINES} more groups of waiting ranks"]
     return lines
+
+
+def with_waiters(f: Finding, snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> Finding:
+    """*f* (a certain mismatch), with the ranks blocked on its ranks as victims too, each class
+    with its edge: the data-parallel ranks that wait for a tensor-parallel pair that diverged."""
+    if not f.certain:
+        return f
+    graph = wait_graph(snapshot, now, config)
+    more = graph.waiting_on(set(f.ranks) | set(f.victims)) - set(f.ranks) - set(f.victims)
+    if not more:
+        return f
+    return msgspec.structs.replace(f, victims=sorted(set(f.victims) | more), waits=_edges(graph, more),
+                                   evidence=[*f.evidence, *_edge_lines(graph, more)])
 
 
 def _deadlock(graph: WaitGraph, cycle: list[int], now: float, config: DiagnosisConfig,

@@ -25,6 +25,7 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.memo import shared
 from ddptop.diagnosis.op_semantics import Signature, is_p2p, signature
+from ddptop.diagnosis.rules_waits import with_waiters
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import PendingOp, RankState, Sample
 from ddptop.textfmt import op_text, rank_ranges
@@ -72,24 +73,19 @@ def collective_wavefront(snapshot: JobSnapshot, histories: dict[int, list[Sample
     groups = _groups(states.values())
     out: list[Finding] = []
     for g in sorted(groups.values(), key=lambda g: (g.name != "0", g.name)):
-        mismatch = _mismatch(g)
+        mismatch = _mismatch(g, groups)
         if mismatch is not None:
-            out.append(mismatch)
+            out.append(with_waiters(mismatch, snapshot, now, config))
     return out
 
 
 def applies(snapshot: JobSnapshot) -> bool:
-    """True when every rank that shows collectives shows its recent ops too: a set of Flight
-    Recorder dumps (or every rank's last words), the end of the job, not live states. (Group
-    members no longer tell: the live reporter sends a subgroup's members since #45.)
+    """True when ranks carry their last ops (dumps, last words, a stalled group's live read):
+    then they are compared here, pending or completed, not by the live rule's pending ops.
 
     Asked by several rules of a diagnosis (a pass over every rank's groups): answered once."""
-    return shared("wavefront_applies", (snapshot,), (), lambda: _all_recorded(snapshot))
-
-
-def _all_recorded(snapshot: JobSnapshot) -> bool:
-    shown = [s for s in snapshot.ranks if s.collectives]
-    return bool(shown) and all(any(g.recent for g in s.collectives) for s in shown)
+    return shared("wavefront_applies", (snapshot,), (),
+                  lambda: any(g.recent for s in snapshot.ranks for g in s.collectives))
 
 
 def _groups(states: Iterable[RankState]) -> dict[str, _Group]:
@@ -114,7 +110,7 @@ def _wait_of(state: RankState) -> _Wait | None:
     return _Wait(pg, op)
 
 
-def _mismatch(g: _Group) -> Finding | None:
+def _mismatch(g: _Group, groups: dict[str, _Group]) -> Finding | None:
     for seq in sorted(g.ops):
         ops = g.ops[seq]
         sides: dict[Signature, list[int]] = defaultdict(list)
@@ -125,8 +121,18 @@ def _mismatch(g: _Group) -> Finding | None:
         ordered = sorted(sides.values(), key=lambda ranks: (len(ranks), ranks))
         odd, rest = ordered[0], [r for side in ordered[1:] for r in side]
         tie = len(odd) == len(ordered[1])
+        told = ""
+        if tie and len(sides) == 2:
+            # A two-rank tensor-parallel pair cannot outvote itself: its siblings (groups of its
+            # size that ran the same op just before) ran the program's op at this seq.
+            program = _siblings_op(g, seq, groups)
+            if program is not None and program in sides:
+                odd = next(side for key, side in sides.items() if key != program)
+                rest = sides[program]
+                tie = False
+                told = f" (as sibling groups ran at #{seq}: {_sibling_names(g, seq, groups, program)})"
         title = (f"{ranks_text(odd)} entered {op_text(ops[odd[0]])} as collective #{seq} of {g.label()}, "
-                 f"while {ranks_text(rest)} entered {op_text(ops[rest[0]])}: it can never complete")
+                 f"while {ranks_text(rest)} entered {op_text(ops[rest[0]])}{told}: it can never complete")
         if tie:
             title += " (as many ranks on each side: which one diverged cannot be told)"
         return Finding(kind="collective_mismatch", severity="critical",
@@ -135,3 +141,31 @@ def _mismatch(g: _Group) -> Finding | None:
                        evidence=[f"{ranks_text(side)}: {op_text(ops[side[0]])} #{seq}" for side in ordered],
                        remedy=REMEDY_MISMATCH)
     return None
+
+
+def _siblings(g: _Group, seq: int, groups: dict[str, _Group]) -> list[_Group]:
+    """Groups of *g*'s size, apart from it, whose ranks agree at *seq* and ran *g*'s op at the
+    seq before (the other pairs of one tensor-parallel layout, not the data-parallel groups)."""
+    before = {signature(op) for op in g.ops.get(seq - 1, {}).values()}
+    out = []
+    for h in groups.values():
+        if h is g or len(h.members) != len(g.members) or h.members & g.members or len(before) != 1:
+            continue
+        at, prev = h.ops.get(seq, {}), h.ops.get(seq - 1, {})
+        if at and prev and {signature(op) for op in prev.values()} == before \
+                and len({signature(op) for op in at.values()}) == 1:
+            out.append(h)
+    return out
+
+
+def _siblings_op(g: _Group, seq: int, groups: dict[str, _Group]) -> Signature | None:
+    votes = {signature(next(iter(h.ops[seq].values()))) for h in _siblings(g, seq, groups)}
+    return next(iter(votes)) if len(votes) == 1 else None
+
+
+def _sibling_names(g: _Group, seq: int, groups: dict[str, _Group], program: Signature) -> str:
+    named = [h for h in _siblings(g, seq, groups)
+             if signature(next(iter(h.ops[seq].values()))) == program]
+    op = next(iter(named[0].ops[seq].values()))
+    where = ", ".join(f"group {h.name} (ranks {rank_ranges(h.members)})" for h in named[:3])
+    return f"{op_text(op)} in {where}"

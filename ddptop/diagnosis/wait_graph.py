@@ -32,7 +32,7 @@ from ddptop.diagnosis.memo import shared
 from ddptop.model.pace import EVERY, give_way
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import CollectiveGroup, PendingOp, RankState
-from ddptop.status import ENDED
+from ddptop.status import ENDED, Status
 
 UNKNOWN_OP = "collective"  # op name when only a seq that stopped moving shows the wait
 
@@ -87,6 +87,27 @@ class WaitGraph:
         """The blocked ranks whose waits end at any of *sinks*."""
         wanted = set(sinks)
         return {r for r, e in self.ends.items() if e & wanted}
+
+    def waiting_on(self, ranks: Iterable[int], most_hops: int = 64) -> set[int]:
+        """The blocked ranks with a path to any of *ranks* (a mismatch's ranks, blocked too),
+        found a hop at a time (a hang's chains are short; *most_hops* bounds a broken one)."""
+        frontier, found = set(ranks), set()
+        for _ in range(most_hops):
+            new = {r for r, w in self.waits.items()
+                   if r not in found and not w.waits_for.isdisjoint(frontier)}
+            new -= frontier
+            if not new:
+                break
+            found |= new
+            frontier = new
+        return found
+
+
+def waits_final(snapshot: JobSnapshot) -> bool:
+    """True when no rank that shows collectives is still running (dumps, the end of the job):
+    its waits are what they will stay, no age to wait for."""
+    return shared("waits_final", (snapshot,), (), lambda: not any(
+        s.status in (Status.RUNNING, Status.STARTING) for s in snapshot.ranks if s.collectives))
 
 
 def wait_graph(snapshot: JobSnapshot, now: float, config: DiagnosisConfig) -> WaitGraph:

@@ -55,6 +55,10 @@ FR_STATUSLESS_REFRESH_S = 10.0
 # viewer follow a wait from one group into another while a member is silent or dead. Larger
 # groups are known from the ranks that report them.
 MEMBERS_SENT_UP_TO = 1024
+# A stalled group's last ops sent with it (from the same full read as its pending ops): where
+# two ranks of a two-rank group disagree at one seq, the same seq of a sibling group (another
+# tensor-parallel pair) says which of them left the program's order.
+RECENT_WHILE_STALLED = 4
 
 
 class CollectiveTracker:
@@ -77,6 +81,7 @@ class CollectiveTracker:
         self._pg_ids: dict[str, str] = {}  # group name -> FR pg_id (learned from entries)
         self._unmapped: set[str] = set()  # groups the last full read showed no entry of
         self._milestones: dict[str, dict[int, float]] = {}
+        self._recent: dict[str, list[PendingOp]] = {}  # group name -> its last ops, read while stalled
         self._status: dict[str, FrPgStatus] = {}  # FR pg_id -> the group's counters, read while stalled
         self._members: dict[str, list[int]] = {}  # group name -> global ranks (subgroups only)
         self._p2p_seen: dict[tuple[str, str, int | None], float] = {}  # blocking send/recv -> first seen
@@ -124,6 +129,7 @@ class CollectiveTracker:
         read_pending = bool(stalled) and self._pending_read_due(stalled, now)
         if not stalled:
             self._pending = {}
+            self._recent = {}
             self._status = {}
             self._p2p_seen = {}
         read_timing = self._timing_due(groups, now)
@@ -133,6 +139,7 @@ class CollectiveTracker:
             if read_pending:
                 self._pending = {name: [self._with_global_peer(name, op) for op in ops]
                                  for name, ops in pending_from_dump(dump, now).items()}
+                self._recent = recent_ops(dump, RECENT_WHILE_STALLED)
                 self._seen_enqueued = {pg_id: st.last_enqueued_collective
                                        for pg_id, st in dump.pg_status.items()}
             if read_timing:
@@ -160,6 +167,8 @@ class CollectiveTracker:
             marks = self._milestones.get(group.pg)
             if marks:
                 group.enqueue_times = sorted(marks.items())[-ENQUEUE_TIMES_KEPT:]
+            if group.pg in stalled:
+                group.recent = self._recent.get(group.pg, [])
         if stalled:
             self._add_blocking_p2p(c10d, groups, names, now)
         return groups
