@@ -74,17 +74,32 @@ def test_an_srun_job_with_install_first_is_seen_with_every_rank(cluster: slurm.C
     job.wait(timeout=60)
 
 
-def test_a_failing_rank_under_srun_is_named_by_doctor_after_the_job(cluster: slurm.Cluster,
-                                                                     job_runner: JobRunner) -> None:
-    env = {"PROBE_DEATH": "exception", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
+def test_a_rank_that_exits_with_a_message_under_srun_is_named_by_its_status_and_message(
+        cluster: slurm.Cluster, job_runner: JobRunner) -> None:
+    """``sys.exit("rank 2: bad shard 7")`` in rank 2 between two steps (#45): status 1, no
+    traceback; its peers entered the next all-reduce and waited for it until srun ended them.
+    slurmstepd reaps the task at once (the node agent reads its status from its pidfd), and
+    Python calls no excepthook for a SystemExit (the rank's last words have it from sys.exit):
+    doctor names rank 2 by its status and message, never "exited cleanly"."""
+    env = {"PROBE_DEATH": "sys_exit", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
     job = srun(cluster, job_runner, "ddptop-fail", env)
-    step = int(job.wait_log(r"rank 2: step (\d+): raising ValueError", timeout=90).group(1))
+    step = int(job.wait_log(r"rank 2: step (\d+): sys.exit\('rank 2: bad shard 7'\)", timeout=90).group(1))
     job.wait(timeout=90)  # --kill-on-bad-exit: srun ends the other tasks
     res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
-    first = json.loads(res.stdout)["findings"][0]
-    assert (first["kind"], first["ranks"][0], first["step"]) == ("rank_lost", 2, step), first
-    assert "ValueError: planted failure" in first["title"], first
+    findings = json.loads(res.stdout)["findings"]
+    first = findings[0]
+    assert (first["kind"], first["ranks"], first["step"]) == ("rank_lost", [2], step), first
+    told = "rank 2 exited with status 1: SystemExit('rank 2: bad shard 7') after collective #"
+    assert told in first["title"], first
+    assert set(first["victims"]) == {0, 1, 3}, first
+    assert not [f["title"] for f in findings if "cleanly" in f["title"]], findings
+    snap = json.loads(job.run_cli("snapshot", "--json", job.job_id).stdout)
+    print("DEBUG", [(r["rank"], r["status"], r["exit_code"], r["exit_signal"], r["exited_at"]) for r in snap["ranks"]])
+    print("DEBUG", job.run_cli("jobs", "--json", "--all").stdout[:3000])
+    ended = {o["rank"]: o for row in json.loads(job.run_cli("jobs", "--json", "--all").stdout)["jobs"]
+             if row["job_id"] == job.job_id for o in row["outcome"]}
+    assert (ended[2]["status"], ended[2]["exit_code"]) == ("crashed", 1), ended
 
 
 def _stopped_by_slurm(job: RunningJob, code: int) -> dict[str, object]:
