@@ -205,6 +205,9 @@ class ConnectionEvent(msgspec.Struct, gc=False, tag="conn", kw_only=True):
     status: str
     reason: str = ""
     since: float = 0.0  # unreachable: when it was last heard from (0: never, by this viewer)
+    # The host whose node agent gave this verdict (its exchange: that host's beats stopped),
+    # "" for the viewer's own: "as host-a's agent saw it" in the finding, live or replayed
+    seen_by: str = ""
 
 
 # What happened to a rank, as a viewer, the node agent and a recording all carry it: the one

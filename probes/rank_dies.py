@@ -4,6 +4,8 @@ The ways of dying that a post-mortem must tell apart, chosen by PROBE_DEATH:
 
 * ``exception``: rank PROBE_DIE_RANK (default 2) raises ``ValueError`` after
   PROBE_DIE_AT_STEP optimizer steps (default 12): exit code 1, a traceback, last words;
+* ``sys_exit``: that rank calls ``sys.exit(PROBE_DIE_MESSAGE)`` there (default "rank R: bad
+  shard 7"): exit status 1, the message on stderr, no traceback, between two collectives;
 * ``wait_for_kill``: that rank stops training at that step and waits (bounded by
   PROBE_SECONDS) for someone outside to SIGKILL it, as the OOM killer or a scheduler
   would: no exception, no last words, only its exit status;
@@ -140,6 +142,10 @@ def plant(rank: int, step: int, end: float) -> None:
     if DEATH == "exception":
         print(f"rank {rank}: step {step}: raising ValueError at t={time.time():.3f}", flush=True)
         raise ValueError(os.environ.get("PROBE_DIE_MESSAGE", "planted failure"))
+    if DEATH == "sys_exit":
+        message = os.environ.get("PROBE_DIE_MESSAGE", f"rank {rank}: bad shard 7")
+        print(f"rank {rank}: step {step}: sys.exit({message!r}) at t={time.time():.3f}", flush=True)
+        sys.exit(message)
     if DEATH == "wedge_gil":
         wedge(rank, step)
         return

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ddptop.agent.exits import ExitWatcher, decode_wait_status
+from ddptop.agent.exits import ExitWatcher, decode_wait_status, reaped_status, zombie_status
 from ddptop.agent.recording import JobRecording
 from ddptop.bundle.format import SCHEMA_VERSION, Manifest
 from ddptop.bundle.record_dir import read_recording
@@ -186,6 +186,44 @@ def test_exit_watcher_reads_codes_and_signals_of_processes() -> None:
     assert only.key == 7 and not only.known
     late.close()
     assert decode_wait_status(11) == (None, "SIGSEGV") and decode_wait_status(256) == (1, "")
+
+
+def _reaped_status_told() -> bool:
+    """Whether this kernel tells a reaped process's status through its pidfd (Linux >= 6.15)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    fd = os.pidfd_open(proc.pid)
+    try:
+        proc.wait(timeout=30)
+        return reaped_status(fd) is not None
+    finally:
+        os.close(fd)
+
+
+def test_exit_watcher_reads_the_status_of_a_process_its_parent_reaped_first() -> None:
+    """slurmstepd waits on its tasks, so under srun a rank is reaped before the node agent can
+    read its zombie: the pidfd the agent holds still tells how it ended (exit code, signal)."""
+    if not _reaped_status_told():
+        pytest.skip("this kernel keeps no exit status for a pidfd (PIDFD_INFO_EXIT: Linux >= 6.15)")
+    code = subprocess.Popen([sys.executable, "-c", "raise SystemExit('bad shard 7')"],
+                            stderr=subprocess.DEVNULL)
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watcher = ExitWatcher()
+    try:
+        watcher.watch(1, code.pid)
+        watcher.watch(2, killed.pid)
+        killed.kill()
+        for proc in (code, killed):
+            proc.wait(timeout=30)  # reaped here, by its parent, before the watcher looks
+            assert zombie_status(proc.pid) is None
+        seen = {}
+        deadline = time.monotonic() + 30
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for gone in watcher.poll(0.5):
+                seen[gone.key] = gone
+        assert (seen[1].exit_code, seen[1].signal) == (1, "")
+        assert (seen[2].exit_code, seen[2].signal) == (None, "SIGKILL")
+    finally:
+        watcher.close()
 
 
 def test_job_record_rejects_a_record_naming_another_directory(runtime_dir: Path) -> None:

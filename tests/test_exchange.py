@@ -23,6 +23,7 @@ from ddptop.agent.serving import news_state
 from ddptop.net.server import ReporterServer, ServerLoop
 from ddptop.protocol import (
     AgentBeat,
+    ConnectionEvent,
     ErrorMsg,
     Event,
     Message,
@@ -153,7 +154,7 @@ def test_a_silent_agent_is_lost_from_when_it_last_spoke_a_beating_one_never(
     monkeypatch.setattr(exchange_mod, "RETRY_S", 0.5)
     b, c, _older = agents
     told: list[Event] = []
-    ex = Exchange(JOB, TOKEN, told.append, ("127.0.0.1", 9))
+    ex = Exchange(JOB, TOKEN, told.append, ("127.0.0.1", 9), host="node-a")
     ex.start(None)
     try:
         ex.add_endpoints(_endpoints(b.port, [2, 3], "node-b") + _endpoints(c.port, [4, 5], "node-c"), 6)
@@ -165,6 +166,11 @@ def test_a_silent_agent_is_lost_from_when_it_last_spoke_a_beating_one_never(
         assert not peer_c.declared_lost and peer_c.lost_since is None
         lost = [e for e in told if isinstance(e, RankExit) and e.cause == "node_lost"]
         assert sorted(e.rank for e in lost) == [2, 3] and all(e.time == last_beat for e in lost), lost
+        # First unreachable, since its last beat, as this agent (node a) saw it: a viewer that
+        # reads node a's record after the cut tells whose word and time it is.
+        cut = [e for e in told if isinstance(e, ConnectionEvent) and e.status == "unreachable"]
+        assert sorted(e.rank for e in cut) == [2, 3], told
+        assert all((e.since, e.seen_by) == (last_beat, "node-a") for e in cut), cut
     finally:
         ex.close()
 

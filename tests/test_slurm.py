@@ -74,17 +74,39 @@ def test_an_srun_job_with_install_first_is_seen_with_every_rank(cluster: slurm.C
     job.wait(timeout=60)
 
 
-def test_a_failing_rank_under_srun_is_named_by_doctor_after_the_job(cluster: slurm.Cluster,
-                                                                     job_runner: JobRunner) -> None:
-    env = {"PROBE_DEATH": "exception", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
+def test_a_rank_that_exits_with_a_message_under_srun_is_named_by_its_status_and_message(
+        cluster: slurm.Cluster, job_runner: JobRunner) -> None:
+    """``sys.exit("rank 2: bad shard 7")`` in rank 2 between two steps (#45): status 1, no
+    traceback; its peers entered the next all-reduce and waited for it until srun ended them.
+    Python calls no excepthook for a SystemExit: the rank's last words have its status and
+    message from sys.exit. doctor names rank 2 by them, never "exited cleanly"."""
+    env = {"PROBE_DEATH": "sys_exit", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
     job = srun(cluster, job_runner, "ddptop-fail", env)
-    step = int(job.wait_log(r"rank 2: step (\d+): raising ValueError", timeout=90).group(1))
+    step = int(job.wait_log(r"rank 2: step (\d+): sys.exit\('rank 2: bad shard 7'\)", timeout=90).group(1))
     job.wait(timeout=90)  # --kill-on-bad-exit: srun ends the other tasks
     res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
-    first = json.loads(res.stdout)["findings"][0]
-    assert (first["kind"], first["ranks"][0], first["step"]) == ("rank_lost", 2, step), first
-    assert "ValueError: planted failure" in first["title"], first
+    findings = json.loads(res.stdout)["findings"]
+    first = findings[0]
+    assert (first["kind"], first["ranks"], first["step"]) == ("rank_lost", [2], step), first
+    told = "rank 2 exited with status 1: SystemExit('rank 2: bad shard 7') after collective #"
+    assert told in first["title"], first
+    # Its peers waited for it (the ones whose last words the record kept: the step's end may take
+    # rank 0's node agent down with the tasks before it reads every one)
+    assert first["victims"] and set(first["victims"]) <= {0, 1, 3}, first
+    assert not [f["title"] for f in findings if "cleanly" in f["title"]], findings
+    # Its status and message, in its own last words (sys.exit's) ...
+    rank2 = next(r for r in json.loads(job.run_cli("snapshot", "--json", job.job_id).stdout)["ranks"]
+                 if r["rank"] == 2)
+    assert (rank2["status"], rank2["exit_code"]) == ("crashed", 1), rank2
+    assert rank2["exit_reason"].startswith("SystemExit('rank 2: bad shard 7')\n  sys.exit at "), rank2
+    # ... and its exit status read from outside by the node agent install() spawned, though
+    # slurmstepd reaped the task first (its pidfd tells); the step's end (SIGTERM) let the agent
+    # close its record with every rank's end.
+    rows = json.loads(job.run_cli("jobs", "--json", "--all").stdout)["jobs"]
+    (row,) = [row for row in rows if row["job_id"] == job.job_id]
+    ended = {o["rank"]: (o["status"], o["exit_code"]) for o in row["outcome"]}
+    assert row["state"] == "ended" and ended[2] == ("crashed", 1), row
 
 
 def _stopped_by_slurm(job: RunningJob, code: int) -> dict[str, object]:

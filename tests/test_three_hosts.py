@@ -9,7 +9,9 @@ and exchange news (:mod:`ddptop.agent.exchange`). Then host b fails:
 * or its whole tree (agent, torchrun and ranks) is SIGKILLed and its link goes down;
 * or, with everything alive, host c's link goes down (a cut cable): a doctor started on each
   host names host c unreachable since the cut (host c's own: every other host, its own
-  link the likely cut) while the others still wait in their collective.
+  link the likely cut) while the others still wait in their collective; a doctor started
+  on host a with only ``MASTER_ADDR:PORT`` names host c by name and address within 15 s of
+  the cut, since when as host a's agent recorded it.
 
 After the job ended everywhere, ``ddptop doctor JOB`` on host a and on host c (each from its
 own record only) names host b's ranks as the first failure, with host b, and never one of
@@ -43,7 +45,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 WHY_NOT = unavailable()
 TOKEN = "three-hosts-test-token"
-PROBE_PG_TIMEOUT_S = 40  # how long a rank waits for a vanished peer in a collective, then fails
+# How long a rank waits for a vanished peer in a collective, then fails: a cut cable's doctors
+# (each imports torch to read the job's store) are done well before (the tests that end a host
+# close its sockets, and its peers fail at once).
+PROBE_PG_TIMEOUT_S = 60
+STORE_DOCTOR_S = 15.0  # a doctor of MASTER_ADDR:PORT started after a cut has named the host by then
 
 
 @dataclass
@@ -55,6 +61,7 @@ class ThreeHostJob:
     procs: list[subprocess.Popen[bytes]]
     runtime: list[Path]
     envs: list[dict[str, str]]
+    store: str = ""  # MASTER_ADDR:MASTER_PORT, the job's TCPStore (on host a)
 
     def record(self, i: int) -> dict[str, Any]:
         path = self.runtime[i] / "jobs" / self.job_id / "job.json"
@@ -77,8 +84,10 @@ class ThreeHostJob:
             return 0
         return min((r["step"] for r in ranks), default=0) if len(ranks) == 2 else 0
 
-    def doctor(self, i: int) -> tuple[int, dict[str, Any], str]:
-        res = self.hosts[i].run(ddptop_cmd("doctor", "--json", self.job_id), self.envs[i], timeout=120)
+    def doctor(self, i: int, target: str = "") -> tuple[int, dict[str, Any], str]:
+        """``ddptop doctor --json`` on host *i*, of the job by its id (or by *target*)."""
+        res = self.hosts[i].run(ddptop_cmd("doctor", "--json", target or self.job_id), self.envs[i],
+                                timeout=120)
         try:
             doc = json.loads(res.stdout)
         except ValueError:
@@ -99,7 +108,7 @@ def three_hosts(tmp_path: Path) -> Iterator[ThreeHostJob]:
                 PROBE_PG_TIMEOUT=str(PROBE_PG_TIMEOUT_S),
                 PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", DDPTOP_TOKEN=TOKEN)
     with hosts(3) as made:
-        job = ThreeHostJob(job_id, made, [], [], [])
+        job = ThreeHostJob(job_id, made, [], [], [], store=f"{made[0].address}:{port}")
         try:
             for node_rank, host in enumerate(made):
                 rt = tmp_path / f"rt-{node_rank}"
@@ -247,21 +256,43 @@ def test_a_cut_link_names_the_host_from_every_side_and_the_cut_host_its_lost_pee
             return found is not None and bool(told.setdefault(i, found))
 
         try:
-            wait_until(named, PROBE_PG_TIMEOUT_S, f"host {i}'s doctor to name the unreachable host first")
+            wait_until(named, PROBE_PG_TIMEOUT_S - (time.time() - cut),
+                       f"host {i}'s doctor to name the unreachable host first")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its last doctor: {last.get(i)}") from None
         after[i] = time.time() - cut
+
+    # First, alone (each doctor of a job of several hosts imports torch to read its store: four
+    # at once on two cores took 30 s each): a person on host a who knows only MASTER_ADDR:PORT,
+    # doctor after doctor, each started after the cut, until one names host c by name and address,
+    # since when as host a's agent recorded it; the first that does must be done 15 s after the cut.
+    by_store: list[tuple[float, str]] = []  # (seconds after the cut when it was done, its first finding)
+    named = (rf"host {c.hostname} \({re.escape(c.address)}\) unreachable since \d\d:\d\d:\d\d, "
+             rf"as {a.hostname}'s agent saw it: ranks 4-5")
+    while not by_store or (time.time() - cut < STORE_DOCTOR_S and not re.fullmatch(named, by_store[-1][1])):
+        rc, doc, err = job.doctor(0, job.store)
+        assert "Traceback" not in err, err
+        first = (doc.get("findings") or [{}])[0]
+        by_store.append((time.time() - cut, str(first.get("title", f"rc={rc} {err.strip()[-300:]}"))))
+    at, title = by_store[-1]
+    assert re.fullmatch(named, title) and at <= STORE_DOCTOR_S, by_store
+    assert cut - 3 * BEAT_S <= first["since"] <= cut + 1.0, (cut, first)
+    assert any(c.address in line for line in first["evidence"]), first["evidence"]
 
     with ThreadPoolExecutor(3) as pool:
         for done in [pool.submit(until_named, i) for i in (0, 1, 2)]:
             done.result()
     for i in (0, 1, 2):
         print(f"doctor on {job.hosts[i].hostname}, {after[i]:.1f} s after the cut: {told[i]['title']}")
+    for at, text in by_store:
+        print(f"doctor of {job.store} on {a.hostname}, done {at:.1f} s after the cut: {text}")
     for i in (0, 1):  # the sides that still talk to each other: host c, since about the cut
         first = told[i]
         assert first["ranks"] == [4, 5] and first["severity"] == "critical", first
         title = first["title"]
-        assert re.fullmatch(rf"host {c.hostname} unreachable since \d\d:\d\d:\d\d: ranks 4-5", title), first
+        said = (rf"host {c.hostname} \({re.escape(c.address)}\) unreachable since \d\d:\d\d:\d\d, "
+                rf"as {job.hosts[i].hostname}'s agent saw it: ranks 4-5")
+        assert re.fullmatch(said, title), first
         assert cut - 3 * BEAT_S <= first["since"] <= cut + 1.0, (cut, first)
         assert any(c.address in line for line in first["evidence"]), first["evidence"]
     # Host c's own view: it lost every other host at once, so its own link is the likely cut.

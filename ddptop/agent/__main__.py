@@ -6,6 +6,11 @@ the job's black box on this host. One agent per job and host: a lock file in the
 record directory keeps a second one from starting. It ends by itself once every rank it
 saw is gone (or none appeared within ``--first-rank-s``, or ``--seconds`` passed), and
 prints a JSON summary on stdout (the recording benchmark reads it).
+
+SIGTERM ends it the same way, its record closed: under ``srun`` it is a process of the job
+step, and the step's end (``--kill-on-bad-exit``, ``scancel``) signals it with the tasks, a
+moment after the task that failed; it then still records how the ranks ended (their exit
+statuses: the failed task's too, read from its pidfd) before it goes.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
+from typing import Any
 
 from ddptop.agent.launcher import SPAWNED_VOICE, AgentLaunch, run_beside
 from ddptop.agent.metrics_http import METRICS_PORT_ENV, parse_listen
@@ -86,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
 
     launch = AgentLaunch(voice=SPAWNED_VOICE, serve_on=args.serve, on_serving=tell_ranks, metrics_on=listen,
                          grace_s=2.0)
-    _none, record = run_beside(agent, launch, lambda: _until_ranks_gone(agent, args, began))
+    stop: list[int] = []  # a list, not an Event: a handler must take no lock the main thread may hold
+
+    def on_term(signum: int, frame: Any) -> None:
+        stop.append(signum)  # the loop below sees it within its tick; finishing happens there, not here
+
+    signal.signal(signal.SIGTERM, on_term)
+    _none, record = run_beside(agent, launch, lambda: _until_ranks_gone(agent, args, began, stop))
     (jobrecord.job_dir(args.job_id) / LOCK_FILE).unlink(missing_ok=True)
     (discovery.runtime_dir(create=False) / f"{args.job_id}.{discovery.AGENT_SUFFIX}").unlink(missing_ok=True)
     summary = {"job_id": args.job_id, "ranks": len(record.ranks),
@@ -97,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _until_ranks_gone(agent: NodeAgent, args: argparse.Namespace, began: float) -> None:
-    """Wait until every rank seen is gone (or none came in time, or the time is up, or ^C)."""
+def _until_ranks_gone(agent: NodeAgent, args: argparse.Namespace, began: float, stop: list[int]) -> None:
+    """Wait until every rank seen is gone (or none came in time, or the time is up, or ^C, or
+    SIGTERM: *stop* holds it)."""
     try:
-        while True:
+        while not stop:
             time.sleep(0.2)
             elapsed = time.monotonic() - began
             if args.seconds and elapsed >= args.seconds:

@@ -85,8 +85,9 @@ class Exchange:
     """This agent's side of the exchange: subscribes to every other agent's news."""
 
     def __init__(self, job_id: str, token: str | None, on_news: Callable[[Event], None],
-                 own_agent: tuple[str, int], clock: Callable[[], float] = time.time) -> None:
+                 own_agent: tuple[str, int], clock: Callable[[], float] = time.time, host: str = "") -> None:
         self.job_id = job_id
+        self.host = host  # this node's name: whose verdict its reachability events are
         self._on_news = on_news
         self._own = own_agent
         self._clock = clock
@@ -201,7 +202,8 @@ class Exchange:
             by_agent.setdefault(endpoint.via_agent, []).append(endpoint)
         unserved = [e.rank for e in endpoints if e.via_agent is None]
         if unserved:
-            self.note(f"{_span(unserved)} have no node agent (not started by `ddptop launch`)")
+            have = "has" if len(unserved) == 1 else "have"
+            self.note(f"{_span(unserved)} {have} no node agent (not started by `ddptop launch`)")
         for where, served in by_agent.items():
             if where == self._own:
                 continue
@@ -270,7 +272,8 @@ class Exchange:
             why = f"{label} answers again"
         for rank in peer.ranks:
             self._on_news(ConnectionEvent(time=now, rank=rank, status=status, reason=why,
-                                          since=peer.heard_at if status == Status.UNREACHABLE else 0.0))
+                                          since=peer.heard_at if status == Status.UNREACHABLE else 0.0,
+                                          seen_by=self.host))
 
     def _declare_lost(self, peer: PeerAgent) -> None:
         """Its node vanished: every rank of it without a known ending is lost with it."""

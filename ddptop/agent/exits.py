@@ -8,22 +8,38 @@ The ranks are torchrun's children, not ours, so ``waitpid`` is not ours to call.
   0.1 s), and a zombie's ``/proc/<pid>/stat`` carries its wait status (field 52,
   ``exit_code``, Linux >= 3.5): the exit code, or the signal that killed it.
 
-If torchrun reaps first, the status is unknown (``None``) and the rank's own last words
-(exception, SIGTERM, faulthandler's fatal signal) have to tell. Standard library only.
+If the parent reaps first (torchrun within its 0.1 s poll; slurmstepd under ``srun`` at once,
+it waits on its tasks), Linux >= 6.15 still tells whoever holds a pidfd of the process: its
+``PIDFD_GET_INFO`` ioctl returns the wait status of a reaped process (``PIDFD_INFO_EXIT``).
+On older kernels the status is then unknown (``None``) and the rank's own last words
+(exception, ``sys.exit``'s status, SIGTERM, faulthandler's fatal signal) have to tell.
+Standard library only.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import selectors
 import signal
+import struct
 import time
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 STAT_EXIT_CODE_FIELD = 52  # 1-based field number in proc(5)
+# linux/pidfd.h (6.15): struct pidfd_info, its first version (64 bytes): mask (u64), cgroupid
+# (u64), eleven u32 ids, then exit_code (s32, a raw wait status). _IOWR(0xFF, 11, 64 bytes).
+PIDFD_INFO_SIZE = 64
+PIDFD_GET_INFO = (3 << 30) | (PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
+PIDFD_INFO_EXIT = 1 << 3
+PIDFD_EXIT_CODE_OFFSET = 60
+# Between the parent's wait and the kernel's record of the exit, neither /proc (the task is
+# no longer a zombie) nor the pidfd tells: a few short looks bridge that moment.
+REAPED_LOOKS = 5
+REAPED_LOOK_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,36 @@ def zombie_status(pid: int) -> int | None:
         return None
 
 
+def reaped_status(pidfd: int) -> int | None:
+    """The raw wait status of the process behind *pidfd* once its parent reaped it (Linux >= 6.15,
+    whoever holds the pidfd); None while it is not reaped, or where the kernel cannot tell."""
+    info = bytearray(PIDFD_INFO_SIZE)
+    struct.pack_into("=Q", info, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
+    except OSError:  # ENOTTY / EINVAL: an older kernel; ESRCH: not reaped and gone (cannot be)
+        return None
+    (mask,) = struct.unpack_from("=Q", info, 0)
+    if not mask & PIDFD_INFO_EXIT:
+        return None
+    (status,) = struct.unpack_from("=i", info, PIDFD_EXIT_CODE_OFFSET)
+    return int(status)
+
+
+def ended_status(pid: int, pidfd: int) -> int | None:
+    """The raw wait status of *pid*, which ended: from its zombie, else (its parent reaped it
+    first) from its pidfd; None where neither tells."""
+    for look in range(REAPED_LOOKS):
+        status = zombie_status(pid)
+        if status is None:
+            status = reaped_status(pidfd)
+        if status is not None:
+            return status
+        if look + 1 < REAPED_LOOKS:
+            time.sleep(REAPED_LOOK_S)
+    return None
+
+
 class ExitWatcher:
     """Watches processes by pidfd; :meth:`poll` returns the ones that ended."""
 
@@ -108,7 +154,7 @@ class ExitWatcher:
         for key, _events in self._sel.select(0 if out else timeout):
             fd = int(key.fd)
             rank, pid = self._watched.pop(fd)
-            status = zombie_status(pid)  # first: torchrun may reap it any moment
+            status = ended_status(pid, fd)  # its zombie first: its parent may reap it any moment
             now = time.time()
             self._sel.unregister(fd)
             os.close(fd)

@@ -59,7 +59,7 @@ class NodeNews:
             return  # no store, or one node (torchrun's or SLURM's word): nobody to exchange with
         own = endpoint.via_agent
         assert own is not None
-        self.exchange = Exchange(self.job_id, self._token, self._on_remote, own)
+        self.exchange = Exchange(self.job_id, self._token, self._on_remote, own, host=self.host)
         self.exchange.start((addr, int(port)))
 
     def tell(self, entry: Event) -> None:

@@ -51,6 +51,10 @@ NOTHING_CONCLUSIVE = ("nothing conclusive: no statement in the evidence names a 
                       "and "
                       "each host's kernel log (dmesg: the OOM killer, Xid errors)")
 MIN_STATES = 2  # states per rank before diagnose stops early: one sample cannot show a trend
+# While a doctor watches, this host's node agent's record is read again this often for hosts it
+# found cut off (its ranks are then not waited for), where one read took less than RECORD_READ_S.
+RECORD_EVERY_S = 1.0
+RECORD_READ_S = 0.25
 
 
 class Evidence(msgspec.Struct, kw_only=True):
@@ -206,17 +210,37 @@ def observe(job: JobTarget, watch_s: float) -> tuple[JobModel, float]:
 
     Stops early once every rank has sent ``MIN_STATES`` states (or is gone): by then each
     rank's history and current state are in, and waiting longer adds nothing to a snapshot.
+    Ranks this host's node agent recorded unreachable (their host's beats stopped), before or
+    while this watches, are not waited for: a doctor started just after a cut is done as soon
+    as the agent's verdict is (its record is read again every second meanwhile, where one
+    read is quick).
     """
     feed = ModelFeed(job.job_id, job.world_size)
+    cut_off: set[int] = set()
+
+    def recorded() -> float:
+        began = time.monotonic()
+        for event in unreachable_in_record(job, feed.model):
+            feed.emit(event)
+            cut_off.add(event.rank)
+        return time.monotonic() - began
+
+    again = job.record is not None and recorded() < RECORD_READ_S
+    deadline = time.monotonic() + watch_s
     with watching(job, feed, token=auth.load_token()):
-        feed.wait_settled(range(job.world_size), watch_s, states=MIN_STATES, tick_s=0.2)
+        while True:
+            wanted = [r for r in range(job.world_size) if r not in cut_off]
+            left = deadline - time.monotonic()
+            step = min(left, RECORD_EVERY_S) if again else left
+            if feed.wait_settled(wanted, step, states=MIN_STATES, tick_s=0.2) >= len(wanted) or step >= left:
+                break
+            recorded()
     if not feed.heard_from_any():
         raise DdptopError(f"no rank of job {job.job_id} sent its state within "
                           f"{human_duration(watch_s)} (try a longer --watch)")
     for entry in stuck_entries(job):  # silent ranks of this host, read by the node agent
         feed.emit(entry)
-    for event in unreachable_in_record(job, feed.model):  # hosts this one's agent lost
-        feed.emit(event)
+    recorded()  # hosts this one's agent lost
     return feed.model, time.time()
 
 

@@ -72,6 +72,8 @@ def unreachable_in_record(target: JobTarget, live: JobModel) -> list[ConnectionE
         recorded = build_model(load_evidence([target.record], job_id=target.job_id))
     except DdptopError:
         return []
+    record = jobrecord.read_record(target.job_id)
+    agent_host = record.host if record is not None else ""  # a record older than seen_by
     # By host: the agent records its verdict rank by rank, and this read may fall between two
     # of them; a host's agent serves all its ranks, so what it said of one it says of all.
     lost_hosts = {recorded.places[r][0]: view for r, view in recorded.ranks.items()
@@ -87,7 +89,8 @@ def unreachable_in_record(target: JobTarget, live: JobModel) -> list[ConnectionE
         if view is None or view.connection != UNREACHABLE:
             continue
         out.append(ConnectionEvent(time=recorded.last_time, rank=rank, status=UNREACHABLE,
-                                   reason=view.connection_reason, since=view.unreachable_since))
+                                   reason=view.connection_reason, since=view.unreachable_since,
+                                   seen_by=view.unreachable_seen_by or agent_host))
         if rank in recorded.places:
             live.places.setdefault(rank, recorded.places[rank])
     return out

@@ -162,8 +162,12 @@ def _from_store(target: str, timeout_s: float) -> JobTarget:
         raise TargetNotFound(f"no ddptop job published at {target}: {exc}") from None
     if not endpoints:
         raise TargetNotFound(f"no ddptop rank published at {target}")
-    return JobTarget(job_id=endpoints[0].job_id, world_size=world, endpoints=endpoints,
-                     via_agents=agents.via_agents(remote=True))
+    # This host's node agent's record of the job, where it ran some of its ranks: what that
+    # agent saw before this viewer began (a host whose beats stopped: since when) is in it.
+    made = _job(endpoints[0].job_id, endpoints, [])
+    made.world_size = max(made.world_size, world)
+    made.via_agents = agents.via_agents(remote=True)
+    return made
 
 
 def read_store(host: str, port: int, timeout_s: float) -> tuple[int, list[Endpoint]]:

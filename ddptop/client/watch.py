@@ -22,6 +22,15 @@ from ddptop.status import ENDED
 
 # Reasons a model gives a rank it never heard from: in a snapshot they read as silence.
 _NOT_HEARD = frozenset(("never seen", "no state received"))
+# Addresses that name no host to a person on another one (a rank that serves on loopback).
+_NO_PLACE = ("127.", "::1", "localhost", "0.0.0.0")
+
+
+def endpoint_places(target: JobTarget) -> dict[int, tuple[str, str]]:
+    """Where each rank runs (its host's name, its address), as its endpoint says (the job's
+    store, this host's discovery entries): a viewer names a host it never reached, by name and
+    address, as the node agents' records name it."""
+    return {e.rank: (e.node, e.host) for e in target.endpoints if e.host and not e.host.startswith(_NO_PLACE)}
 
 
 @contextmanager
@@ -31,6 +40,9 @@ def watching(target: JobTarget, feed: ModelFeed, *, token: str | None, connect_t
     (*digest*: through the node agents' digest lane where they offer it)."""
     source = LiveSource(target, token=token, connect_timeout=connect_timeout, read_stuck=read_stuck,
                         history=history, digest=digest)
+    with feed.lock:
+        for rank, place in endpoint_places(target).items():
+            feed.model.places.setdefault(rank, place)
     source.start(feed.emit, pulses=feed.pulses)
     try:
         yield source

@@ -3,9 +3,14 @@
 Every rank's last words carry its last collectives from a fresh Flight Recorder read; once
 the job is over (fewer than two ranks still running), the first seq at which ranks ran
 different ops (compared with the op table, :mod:`ddptop.diagnosis.op_semantics`) names the
-rank that diverged (the minority), with each side's op and step. Ranks that ended cleanly
-after seq N while the others entered N+1 and died there skipped a collective or ran out of
-work (``_left_early``). Kind ``collective_mismatch``. Pure.
+rank that diverged (the minority), with each side's op and step (``collective_mismatch``).
+
+Ranks that ended outside any op after seq N while the others entered N+1 and waited there
+(``_left_early``) are told by how they ended: with status 0 ("exited cleanly") they skipped a
+collective or ran out of work (``collective_mismatch``); with another status (``sys.exit``'s
+message, when the rank's last words have it) or by a signal, that end is the cause
+(``rank_lost``). A rank that died of an exception is the post-mortem's (``rank_lost`` there,
+with its traceback). Pure.
 """
 
 from __future__ import annotations
@@ -59,36 +64,68 @@ def collective_divergence(snapshot: JobSnapshot, histories: dict[int, list[Sampl
 
 def _left_early(snapshot: JobSnapshot, pg: str, by_seq: dict[int, dict[int, PendingOp]],
                 blocked: set[int]) -> Finding | None:
-    """Ranks that ended cleanly before a collective their peers entered and died in.
+    """Ranks that ended outside any op before a collective their peers entered and died in.
 
-    Same ops at every seq both sides ran, yet some ranks exit with code 0 after seq N while
-    the others entered N+1 and never came back: the clean ones skipped a collective (a
-    skipped op of the same shape as the next one shifts them silently) or ran out of work.
+    Same ops at every seq both sides ran, yet some ranks end after seq N while the others
+    entered N+1 and never came back. Ended with status 0, they skipped a collective (a skipped
+    op of the same shape as the next one shifts them silently) or ran out of work; ended with
+    another status or by a signal, that end is why the others wait.
     """
     states = snapshot.by_rank()
     last: dict[int, int] = {}
     for seq in sorted(by_seq):
         for rank in by_seq[seq]:
             last[rank] = seq
-    clean = {r for r in last if states[r].status == Status.EXITED and r not in blocked}
-    if not clean or not set(last) - clean:
+    how = {r: words for r in last if r not in blocked and (words := _how_it_left(states[r]))}
+    if not how or not set(last) - set(how):
         return None
     top = max(last.values())
-    early = sorted(r for r in clean if last[r] < top)
-    waiting = sorted(r for r in last if last[r] == top and r not in clean)
+    early = sorted(r for r in how if last[r] < top)
+    waiting = sorted(r for r in last if last[r] == top and r not in how)
     if not early or not waiting:
         return None
-    step = _step(states, early)
+    failed = [r for r in early if states[r].status != Status.EXITED]
+    named = failed or early
+    step = _step(states, named)
     op = by_seq[top][waiting[0]]
     where = "" if pg == "0" else f" of process group {pg}"
+    first = named[0]
+    then = (f" after collective #{last[first]}{where} at step {step}, while {ranks_text(waiting)} entered "
+            f"#{top} ({op_text(op)}) and waited for {ranks_text(named)} there")
+    evidence = [f"rank {r}: last collective #{last[r]} ({op_text(by_seq[last[r]][r])}), "
+                f"step {states[r].step}, {how.get(r) or states[r].status}" for r in sorted(last)]
+    if failed:
+        # where it exited (sys.exit's caller), as its last words tell
+        told = [f"rank {r}: {line.strip()}" for r in failed
+                for line in states[r].exit_reason.strip().splitlines()[1:3]]
+        return Finding(kind="rank_lost", severity="critical", ranks=named, step=step, victims=waiting,
+                       title=f"{ranks_text(named)} {how[first]}{then}", evidence=evidence + told,
+                       remedy=_LEFT_REMEDY)
     return Finding(
-        kind="collective_mismatch", severity="critical", ranks=early, step=step,
-        title=(f"{ranks_text(early)} exited cleanly after collective #{last[early[0]]}{where} at step "
-               f"{step}, while {ranks_text(waiting)} entered #{top} ({op_text(op)}) and waited for "
-               f"{ranks_text(early)} there: the ranks ran different numbers of collectives"),
-        evidence=[f"rank {r}: last collective #{last[r]} ({op_text(by_seq[last[r]][r])}), "
-                  f"step {states[r].step}, {states[r].status}" for r in sorted(last)],
-        remedy=SAME_OPS_REMEDY, victims=waiting)
+        kind="collective_mismatch", severity="critical", ranks=early, step=step, victims=waiting,
+        title=f"{ranks_text(early)} {how[first]}{then}: the ranks ran different numbers of collectives",
+        evidence=evidence, remedy=SAME_OPS_REMEDY)
+
+
+_LEFT_REMEDY = ("the rank ended on its own while its peers waited for it in their next collective: read why "
+                "(its message above, its stderr); a rank that must stop should make every rank stop at the "
+                "same step (agree on it with a collective), or the others hang until their timeout")
+
+
+def _how_it_left(s: RankState) -> str:
+    """How *s* ended where it ended by itself outside an exception ("" otherwise): "exited
+    cleanly" only for status 0; another status with its ``SystemExit`` message; a signal."""
+    reason = s.exit_reason.strip()
+    if s.status == Status.EXITED:
+        return "exited cleanly" if s.exit_code == 0 else "exited (its exit status unknown)"
+    if s.status != Status.CRASHED:
+        return ""  # stopped from outside, torn down, lost: the post-mortem tells those
+    if s.exit_signal:
+        return f"died of {s.exit_signal}"
+    if s.exit_code and (not reason or reason.startswith("SystemExit(")):
+        message = reason.splitlines()[0] if reason else ""
+        return f"exited with status {s.exit_code}" + (f": {message}" if message else "")
+    return ""
 
 
 Divergence = tuple[int, list[list[int]], dict[int, PendingOp]]  # seq, sides (smallest first), ops

@@ -6,8 +6,10 @@ their next collective until its timeout. What proves it is the node agent's sile
 connection open (or a connect nobody answers, refused by nobody): the viewer's probe
 (:mod:`ddptop.client.reachability`) or this node's agent, whose beats from that host stopped
 (:mod:`ddptop.agent.exchange`), puts those ranks in ``job.unreachable_since`` with when the
-host was last heard from. The finding names the host, the time and its ranks, the ranks
-here that wait for them, and where to look.
+host was last heard from. The finding names the host (its name and address, from the job's
+store), the time and whose verdict it is (a node agent's: "as host-a's agent saw it", a viewer
+that began after the cut knows the time from it), its ranks, the ranks here that wait for
+them, and where to look.
 
 Seen from the host that was cut off, every other host is unreachable at once: then the
 finding says so, and that this host's own link (or its switch port) is the likely cut. (A
@@ -66,9 +68,12 @@ def host_unreachable(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
     out: list[Finding] = []
     for host, ranks in sorted(hosts.items()):
         since = _since(cut, ranks)
+        seen = next((by for r in ranks if (by := snapshot.job.unreachable_seen_by.get(r))), "")
+        told = f", as {seen}'s agent saw it" if seen and since else ""
         out.append(Finding(
             kind="host_unreachable", severity="critical", ranks=ranks,
-            title=f"host {host} unreachable since {_clock(since)}: {ranks_text(ranks)}",
+            title=(f"host {_named(snapshot, host, ranks)} unreachable since {_clock(since)}{told}: "
+                   f"{ranks_text(ranks)}"),
             evidence=_evidence(snapshot, ranks, since, now, waiting),
             remedy=(f"check {host}'s network (its link: `ip link` there, the cable, its switch port) and "
                     "whether the host answers at all (ping, its BMC); its ranks may still be running, "
@@ -84,6 +89,12 @@ def _host(snapshot: JobSnapshot, rank: int, state: RankState | None) -> str:
     return snapshot.job.nodes.get(rank) or snapshot.job.addresses.get(rank) or "?"
 
 
+def _named(snapshot: JobSnapshot, host: str, ranks: list[int]) -> str:
+    """'host-c (192.0.2.13)': the host's name and the address the job's store gave its ranks."""
+    address = next((a for r in ranks if (a := snapshot.job.addresses.get(r))), "")
+    return f"{host} ({address})" if address and address != host else host
+
+
 def _since(cut: dict[int, float], ranks: list[int]) -> float:
     """When the host was last heard from: its ranks' latest (0: never, from here)."""
     return max((cut[r] for r in ranks), default=0.0)
@@ -94,14 +105,18 @@ def _clock(since: float) -> str:
 
 
 def _waiting(heard: list[RankState]) -> str:
-    """The ranks heard from that wait in a collective, and in which (the first seen)."""
+    """The ranks heard from that wait in a collective, in which (the first seen), and that they
+    cannot finish it."""
     ranks, what = [], ""
     for s in heard:
         pending = next((op for g in s.collectives for op in g.pending), None)
         if pending is not None:
             ranks.append(s.rank)
             what = what or f"{pending.op} #{pending.seq}"
-    return f"{ranks_text(ranks)} wait in {what}" if ranks else ""
+    if not ranks:
+        return ""
+    wait, they = ("waits", "it") if len(ranks) == 1 else ("wait", "they")
+    return f"{ranks_text(ranks)} {wait} in {what}: {they} cannot finish"
 
 
 def _evidence(snapshot: JobSnapshot, ranks: list[int], since: float, now: float, waiting: str) -> list[str]:
@@ -114,5 +129,5 @@ def _evidence(snapshot: JobSnapshot, ranks: list[int], since: float, now: float,
     elif address:
         out.append(f"never reached from here, at {address}")
     if waiting:
-        out.append(f"{waiting}: they cannot finish without {ranks_text(ranks)}")
+        out.append(f"{waiting} without {ranks_text(ranks)}")
     return out

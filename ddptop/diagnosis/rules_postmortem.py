@@ -52,11 +52,15 @@ def rank_lost(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
         out.append(_failure(snapshot, failed, running, histories))
     exited = [s for s in snapshot.ranks if s.status == Status.EXITED and not s.exit_reason]
     if exited and running:
+        # "cleanly" is status 0's word: an exit whose status nobody read is only an exit
+        how = "exited cleanly" if all(s.exit_code == 0 for s in exited) else "exited"
         out.append(Finding(
             kind="rank_lost", severity="info", ranks=[s.rank for s in exited],
-            title=(f"{ranks_text(s.rank for s in exited)} exited cleanly while "
-                   f"{ranks_text(running)} still run"),
-            evidence=[f"rank {s.rank}: exited at step {_last_step(s, histories)}" for s in exited],
+            title=(f"{ranks_text(s.rank for s in exited)} {how} while "
+                   f"{ranks_text(running)} still {'runs' if len(running) == 1 else 'run'}"),
+            evidence=[f"rank {s.rank}: exited at step {_last_step(s, histories)}, "
+                      + ("status unknown" if s.exit_code is None else f"status {s.exit_code}")
+                      for s in exited],
             remedy="expected at the end of training; earlier, the ranks ran different amounts of work",
         ))
     return out
@@ -324,10 +328,11 @@ def _how(s: RankState) -> str:
         return f"its host {s.host} vanished (node agent and ranks unreachable, no exit status or last words)"
     if s.status == Status.LOST:
         return "vanished without last words or an exit status (killed by SIGKILL from outside?)"
+    if s.exit_code and (not reason or reason.startswith("SystemExit(")):
+        # sys.exit's message, or a status alone (a bare raise SystemExit, os._exit)
+        return f"exited with status {s.exit_code}" + (f": {reason}" if reason else "")
     if reason:
         return reason
-    if s.exit_code:
-        return f"exited with code {s.exit_code}"
     return "died, no reason left"
 
 

@@ -103,8 +103,10 @@ class JobModel:
             if message.status == UNREACHABLE:
                 if view.connection == LOST and view.base is not None:
                     return  # heard, closed, then not reached again: the loss says more
-                if view.connection != UNREACHABLE:
-                    view.unreachable_since = message.since
+                if view.connection != UNREACHABLE or (message.since and not view.unreachable_since):
+                    # the first verdict, or a node agent's that heard the host after this viewer
+                    # began (this viewer never did): since when, and whose word it is
+                    view.unreachable_since, view.unreachable_seen_by = message.since, message.seen_by
             view.connection, view.connection_reason = message.status, message.reason
             if message.status == LOST and view.lost_at is None:
                 view.lost_at = message.time
@@ -238,6 +240,7 @@ class JobModel:
         states: list[RankState] = []
         unreachable: dict[int, str] = {}
         since: dict[int, float] = {}  # ranks whose connection is open (or opening) but silent
+        seen_by: dict[int, str] = {}  # of those, the ones a node agent told: its host
         statuses = self.statuses(now)
         for i, (rank, view) in enumerate(sorted(self.ranks.items())):
             if not i % EVERY:  # merging a pulse costs ~8 us: a long pass at 32,768 ranks
@@ -245,6 +248,8 @@ class JobModel:
             status = statuses[rank]
             if view.connection == UNREACHABLE:
                 since[rank] = view.unreachable_since
+                if view.unreachable_seen_by:
+                    seen_by[rank] = view.unreachable_seen_by
                 unreachable[rank] = view.connection_reason
             stuck = view.current_stuck()
             if view.state is None and stuck is not None:
@@ -264,7 +269,7 @@ class JobModel:
                                         status=status, time=view.exit.time,
                                         **exit_fields(view.exit)))  # type: ignore[arg-type]
                 continue
-            fields = exit_fields(view.exit)
+            fields = exit_fields(view.exit, view.state.exit_code)
             if status != view.state.status:
                 fields["status"] = status
             if stuck is not None:
@@ -276,7 +281,8 @@ class JobModel:
             if rank not in self.ranks:
                 unreachable[rank] = "never seen"
         give_way()
-        return build_snapshot(self.job_id, self.world_size, states, unreachable, now, self.places, since)
+        return build_snapshot(self.job_id, self.world_size, states, unreachable, now, self.places, since,
+                              seen_by)
 
     def copy(self) -> JobModel:
         """An independent copy (states are shared: nothing mutates them), for another thread

@@ -93,10 +93,13 @@ def resolved_status(ending: Ending, first: Ending | None) -> str:
     return ending.status
 
 
-def exit_fields(exit: RankExit | None) -> dict[str, object]:
-    """The RankState fields that carry an agent's RankExit (for msgspec.structs.replace)."""
+def exit_fields(exit: RankExit | None, own_code: int | None = None) -> dict[str, object]:
+    """The RankState fields that carry an agent's RankExit (for msgspec.structs.replace). Where
+    the agent could not read the status (an older kernel, reaped first), the rank's own word
+    stands: *own_code*, the status its last words give (``sys.exit``'s)."""
     if exit is None:
         return {}
-    return {"exit_code": exit.exit_code, "exit_signal": exit.signal, "exited_at": exit.time,
+    code = exit.exit_code if exit.exit_code is not None or exit.signal else own_code
+    return {"exit_code": code, "exit_signal": exit.signal, "exited_at": exit.time,
             "exit_cause": exit.cause, "memory_limit_bytes": exit.memory_limit_bytes,
             "memory_peak_bytes": exit.memory_peak_bytes}

@@ -40,6 +40,7 @@ class RankView:
     exit: RankExit | None = None  # how the process ended, from the node agent
     lost_at: float | None = None  # when the connection was lost (no exit known)
     unreachable_since: float = 0.0  # connection "unreachable": last heard then (0: never heard)
+    unreachable_seen_by: str = ""  # whose verdict that is: a node agent's host ("": this viewer's)
     stuck: StuckReport | None = None  # where it is stuck, read from outside by the node agent
     # Events folded into this view so far: what the table's row memo compares (one int,
     # not the state, the history deque and its tail) to find the few ranks that changed.

@@ -31,6 +31,9 @@ class JobInfo(msgspec.Struct, kw_only=True):
     # Ranks whose node agent is unreachable (connection open or opening, nothing back: a cut
     # link, a switch, a hung host), with when it was last heard from (0: never by this viewer).
     unreachable_since: dict[int, float] = {}
+    # Of those, the ranks whose verdict (and time) is a node agent's, not this viewer's: that
+    # agent's host (its exchange with the other agents: their beats stopped)
+    unreachable_seen_by: dict[int, str] = {}
 
 
 class JobSnapshot(msgspec.Struct, kw_only=True):
@@ -47,7 +50,8 @@ class JobSnapshot(msgspec.Struct, kw_only=True):
 def build_snapshot(job_id: str, world_size: int, states: list[RankState],
                    unreachable: dict[int, str], now: float,
                    places: dict[int, tuple[str, str]] | None = None,
-                   unreachable_since: dict[int, float] | None = None) -> JobSnapshot:
+                   unreachable_since: dict[int, float] | None = None,
+                   unreachable_seen_by: dict[int, str] | None = None) -> JobSnapshot:
     """Assemble a snapshot from states (pure)."""
     states = sorted(states, key=lambda s: s.rank)
     backends = [s.backend for s in states if s.backend]
@@ -59,6 +63,7 @@ def build_snapshot(job_id: str, world_size: int, states: list[RankState],
         addresses={r: address for r, (_node, address) in sorted((places or {}).items()) if address},
         nodes={r: node for r, (node, _address) in sorted((places or {}).items()) if node},
         unreachable_since=dict(sorted((unreachable_since or {}).items())),
+        unreachable_seen_by=dict(sorted((unreachable_seen_by or {}).items())),
     )
     return JobSnapshot(job=info, ranks=states)
 

@@ -5,6 +5,13 @@ SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL, and on SIGUSR2 on demand (it works e
 while a C call holds the GIL). At interpreter exit the reporter writes a last-words file
 (final state and the exception, if one killed the rank) for viewers to read post-mortem.
 
+A ``SystemExit`` is no such exception: Python exits with its status without calling
+``sys.excepthook`` or keeping it in ``sys.last_value``, so at exit nothing tells a
+``sys.exit("bad shard 7")`` (status 1) from the end of the script. ``sys.exit`` is
+therefore wrapped: called on the main thread, it notes the status and message it exits
+with (:class:`ExitRequest`) for the last words. A bare ``raise SystemExit(...)`` passes
+no function of ours: only its exit status is known then, read by the node agent.
+
 Forked children (DataLoader workers) inherit faulthandler and its file descriptor: a
 worker's segfault would land in the rank's crash file and read as the rank's own. After a
 fork the child therefore writes into a file of its own, ``<job>.<rank>.w<pid>.crash``.
@@ -16,15 +23,37 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from ddptop.errortext import innermost
 from ddptop.store import remains
 
 DUMP_SIGNAL = signal.SIGUSR2
+
+
+@dataclass(frozen=True)
+class ExitRequest:
+    """What the main thread passed to ``sys.exit``: the process's exit status and, for a
+    message (Python prints it and exits 1), the exception as ``repr`` shows it, with where
+    ``sys.exit`` was called on a second line."""
+
+    status: int
+    reason: str = ""
+
+
+def exit_request(code: object, where: str = "") -> ExitRequest:
+    """The exit ``sys.exit(code)`` makes, as Python makes it: None is 0, an int its low
+    eight bits (what the parent's wait sees), anything else is printed and exits 1."""
+    if code is None:
+        return ExitRequest(0)
+    if isinstance(code, int):
+        return ExitRequest(code & 0xFF, f"{SystemExit(code)!r}\n  {where}" if code & 0xFF and where else "")
+    return ExitRequest(1, f"{SystemExit(code)!r}" + (f"\n  {where}" if where else ""))
 
 
 class CrashCapture:
@@ -34,6 +63,7 @@ class CrashCapture:
         self.path = path
         self._file: IO[str] | None = None
         self.exit_reason = ""
+        self.exit_request: ExitRequest | None = None  # the main thread's sys.exit, if it called it
         self._previous_hook: Any = None
 
     def enable(self) -> bool:
@@ -56,6 +86,28 @@ class CrashCapture:
     def file(self) -> IO[str] | None:
         """The open crash file (faulthandler writes into it), if enabled."""
         return self._file
+
+    def watch_exit(self) -> None:
+        """Wrap ``sys.exit``: the main thread's call notes its status and message first."""
+        original = sys.exit
+        if getattr(original, "_ddptop", False):
+            return
+        capture = self
+
+        def exit(*args: object, **kwargs: object) -> NoReturn:
+            if not kwargs and len(args) <= 1 and threading.current_thread() is threading.main_thread():
+                try:
+                    code = sys._getframe(1).f_code
+                    where = f"sys.exit at {code.co_filename}:{sys._getframe(1).f_lineno} in {code.co_name}"
+                    capture.exit_request = exit_request(args[0] if args else None, where)
+                except Exception:
+                    pass  # never in the way of the exit
+            original(*args, **kwargs)  # type: ignore[arg-type]
+            raise AssertionError("sys.exit returned")  # unreachable: it raises SystemExit
+
+        exit.__doc__, exit.__qualname__ = original.__doc__, original.__qualname__
+        exit._ddptop = True  # type: ignore[attr-defined]
+        sys.exit = exit
 
     def _own_file_in_child(self) -> None:
         try:

@@ -102,6 +102,7 @@ class Reporter:
             token = None
         self.server = ReporterServer(cfg.bind, cfg.port, token, cfg.rank, cfg.job_id, self.handle)
         self.state.crash_file = str(self.crash.path) if self.crash.enable() else ""
+        self.crash.watch_exit()
         self._attach_page()
         self.sigterm = SigtermWatch(self._on_sigterm, self.crash.file)
         self.sigterm.install()
@@ -132,7 +133,13 @@ class Reporter:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         reason = self.crash.exception_reason()
-        self.last_words(Status.CRASHED if reason else Status.EXITED, reason)
+        asked = self.crash.exit_request
+        if not reason and asked is not None:
+            # sys.exit on the main thread: its status (a message exits 1) is the rank's own word
+            self.state.exit_code = asked.status
+            self.last_words(Status.CRASHED if asked.status else Status.EXITED, asked.reason)
+        else:
+            self.last_words(Status.CRASHED if reason else Status.EXITED, reason)
         try:
             discovery.rank_file(self.config.job_id, self.config.rank).unlink(missing_ok=True)
         except OSError as exc:
