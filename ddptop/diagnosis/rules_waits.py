@@ -191,7 +191,8 @@ def _sink_state(rank: int, s: RankState | None, snapshot: JobSnapshot, graph: Wa
         return "never heard from" + (f" ({why})" if why else "")
     seq = graph.groups[held.group].entered.get(rank)
     if s.status in _GONE:
-        how = "exited cleanly" if s.status == Status.EXITED else str(s.status)
+        # "cleanly" only for a status read as 0: an exit whose status nobody read is just "exited"
+        how = "exited cleanly" if s.status == Status.EXITED and s.exit_code == 0 else str(s.status)
         if s.exit_signal:
             how = f"{s.status} (signal {s.exit_signal})"
         elif s.exit_code not in (None, 0):
