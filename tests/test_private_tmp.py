@@ -150,7 +150,8 @@ def test_a_job_in_its_own_network_is_named_with_the_way_in(
     err = ""
     while time.monotonic() < deadline:
         rc, _doc, err = _snapshot(job_id)
-        if "another network namespace" in err:
+        # Another test's job may run in its own network too: wait for this one's name.
+        if f"job {job_id} runs in another network namespace" in err:
             break
         time.sleep(0.5)
     lines = err.strip().splitlines()

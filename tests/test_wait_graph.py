@@ -97,6 +97,20 @@ def test_a_rank_that_ended_while_blocked_still_waits_one_that_ended_outside_is_w
     assert graph.sinks() == {2} and graph.victims_of({2}) == {0, 1, 3}
 
 
+def test_a_rank_never_waits_for_itself_when_its_count_lags_its_pending_op() -> None:
+    """A sample whose group count was read before the op was posted (seq 40, pending #41):
+    the rank has entered #41 all the same; it waits for its peer, never for itself (a cycle of
+    one, told as a deadlock, was found by tests/test_digest.py's random states)."""
+    lagging = CollectiveGroup(pg="3", seq=40, size=2, ranks=[0, 1], pending=waiting(41),
+                              seq_changed_at=NOW - 30)
+    states = [rank(0, [lagging], world=2), rank(1, [group("3", [0, 1], 40)], world=2)]
+    graph = build(build_snapshot("j", 2, states, {}, NOW), NOW, CONFIG)
+    assert {r: sorted(w.waits_for) for r, w in graph.waits.items()} == {0: [1]} and not graph.cycles
+    alone = [rank(0, [CollectiveGroup(pg="tp", seq=5, size=1, ranks=[0], pending=waiting(9))], world=1)]
+    graph = build(build_snapshot("j", 1, alone, {}, NOW), NOW, CONFIG)
+    assert not graph.cycles and not any(w.waits_for for w in graph.waits.values())
+
+
 def test_a_long_pipeline_is_followed_without_recursion() -> None:
     """8,192 stages (eight times Python's recursion limit), each waiting in recv for the one
     before; stage 0 is stuck."""

@@ -102,13 +102,19 @@ def record_of_earlier_job(record: JobRecord | None, live: list[Endpoint]) -> boo
     return bool(record is not None and record.end_time and starts and record.end_time < min(starts))
 
 
-def where_we_looked(found: HostJobs) -> str:
-    """Where this viewer looked for jobs, and why some it saw cannot be watched from here."""
+def where_we_looked(found: HostJobs, target: str = "") -> str:
+    """Where this viewer looked for jobs, and why some it saw cannot be watched from here.
+
+    Of the jobs seen in another network namespace, the one asked for (*target*, an id or its
+    prefix) is named; else the first by id."""
     text = f"looked in {discovery.runtime_dir(False)}"
     if found.looked_into:
         text += f" and in {found.looked_into} private /tmp of other mount namespaces (through /proc/PID/root)"
     if found.other_network:
-        job_id, hidden = sorted(found.other_network.items())[0]
+        seen = sorted(found.other_network.items())
+        asked = [item for item in seen if item[0] == target] or [item for item in seen if target and
+                                                                    item[0].startswith(target)]
+        job_id, hidden = (asked or seen)[0]
         text += (f"; job {job_id} runs in another network namespace (pid {hidden.pid}'s), its ranks on "
                  f"its own loopback: watch it from inside (`nsenter -t {hidden.pid} -n -m ddptop attach`, "
                  "`docker exec`, `kubectl exec`)")

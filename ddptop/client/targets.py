@@ -128,7 +128,7 @@ def _ended(target: str, found: host_jobs.HostJobs) -> JobTarget:
     matches = [target] if target in names else sorted(j for j in names if j.startswith(target))
     if not matches:
         raise TargetNotFound(f"no job {target!r} on this host, running or ended "
-                             f"({host_jobs.where_we_looked(found)}; see `ddptop jobs --all`)")
+                             f"({host_jobs.where_we_looked(found, target)}; see `ddptop jobs --all`)")
     if len(matches) > 1:
         raise TargetNotFound(f"job id {target!r} is ambiguous: {', '.join(matches)}")
     job_id = matches[0]

@@ -161,7 +161,9 @@ def _groups(states: list[RankState], world: int) -> dict[str, GroupView]:
             if cg.ranks:
                 g.members.update(cg.ranks)
             g.members.add(s.rank)
-            g.entered[s.rank] = entered(cg)
+            # A rank blocked in a collective has entered it, whatever count its sample
+            # carries (a seq read before the op was posted): it never waits for itself.
+            g.entered[s.rank] = max([entered(cg), *(op.seq for op in cg.pending if not op.is_p2p)])
     if "0" in out and world:
         out["0"].members.update(range(world))
     return out
