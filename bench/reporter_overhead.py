@@ -85,7 +85,7 @@ def worker(steps: int, warmup: int, block: int = 0, groups: int = 1) -> None:
     on_cpu = on_wall = 0.0
     block_start = (0.0, 0.0)
     worst_sample = worst_light = 0.0
-    seen = (0, 0)  # (samples, full FR reads) at the last step
+    seen = (0, 0)  # (samples, full FR reads) when the latest sample was first seen
     times: list[float] = []
     cpu0 = rep0 = 0.0
     last = time.perf_counter()
@@ -112,9 +112,13 @@ def worker(steps: int, warmup: int, block: int = 0, groups: int = 1) -> None:
         cost = last_sample_cost()
         worst_sample = max(worst_sample, cost)
         now_seen = sample_counts()
-        if now_seen[0] != seen[0] and now_seen[1] == seen[1]:  # a new sample that read no full FR dump
-            worst_light = max(worst_light, cost)
-        seen = now_seen
+        if now_seen[0] != seen[0]:
+            # A new sample: it read no full FR dump if the count did not move since the sample
+            # before it was seen (a sample is 1 s after the last, a step a few ms: counting at
+            # each new sample, not each step, never splits one sample's dump from it).
+            if now_seen[1] == seen[1] and i >= warmup:
+                worst_light = max(worst_light, cost)
+            seen = now_seen
         now = time.perf_counter()
         times.append(now - last)  # the whole step, DataLoader fetch included
         if blocks:
@@ -398,7 +402,7 @@ def print_groups_table(rows: list[dict[str, Any]], nproc: int, block: int) -> No
           "Flight Recorder dump "
           "(torch serialises up to 2000 entries with the GIL held: the training thread waits for it; "
           "at most\nFR_FULL_READS_PER_MIN a minute, a timing read every DDPTOP_FR_TIMING s); the next column "
-          "is the longest sample that read none.")
+          "is the longest sample after the warm-up that read none.")
     print()
 
 
