@@ -14,6 +14,7 @@ from ddptop.diagnosis import (
     rules_postmortem,
     rules_progress,
     rules_reports,
+    rules_resources,
     rules_system,
     rules_unresponsive,
     rules_waits,
@@ -56,6 +57,7 @@ RULES: tuple[Rule, ...] = (
     rules_progress.input_bound,
     rules_system.cpu_oversubscribed,
     rules_system.shm_pressure,
+    rules_resources.resource_exhaustion,  # before the death it foresees: still a warning
     rules_system.gpu_heterogeneous,
     rules_system.version_mismatch,
     rules_identity.rng_divergence,
