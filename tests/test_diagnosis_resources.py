@@ -177,3 +177,13 @@ def test_no_foresight_claimed_for_a_sudden_oom() -> None:
     s, h = _dead_of_oom(lambda i, t: GIB, died_at)
     f = only(diagnose(s, h, NOW), "rank_lost")
     assert not [e for e in f.evidence if "foreseen" in e]
+
+
+def test_a_ranks_first_seconds_are_not_judged() -> None:
+    # a steady rise since the rank started 25 s ago: its start-up and warm-up, not yet a trend
+    s, h = leak_job("cgroup_memory_bytes", lambda i, t: 3 * GIB + 8 * MIB * t,
+                    **dict(CGROUP, start_time=NOW - 25))
+    assert not exhaustion(diagnose(s, h, NOW))
+    s, h = leak_job("cgroup_memory_bytes", lambda i, t: 3 * GIB + 8 * MIB * t,
+                    **dict(CGROUP, start_time=NOW - 70))  # 40 s of it are past its first 30 s
+    assert kinds(exhaustion(diagnose(s, h, NOW))) == ["memory_exhaustion"]

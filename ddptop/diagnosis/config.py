@@ -38,3 +38,4 @@ class DiagnosisConfig:
     exhaustion_warning_s: float = 900.0  # the limit reached in under this: warning
     exhaustion_critical_s: float = 120.0  # ... under this: critical
     trend_min_span_s: float = 20.0  # the rising floor seen over at least this long
+    trend_warmup_s: float = 30.0  # a rank's first seconds (imports, the model, a warm-up) not judged

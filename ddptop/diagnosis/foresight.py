@@ -46,7 +46,9 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
     if found is None or not found[2]:
         return ""
     what, used, limit = found
-    points = [(x.time, float(v)) for x in history if x.time <= died_at and (v := used(x)) is not None]
+    settled = state.start_time + config.trend_warmup_s  # as the live rule: no start-up judged
+    points = [(x.time, float(v)) for x in history
+              if settled <= x.time <= died_at and (v := used(x)) is not None]
     if len(points) < 5:
         return ""
     window = config.window_s + HISTORY_MARGIN_S
@@ -75,8 +77,10 @@ def death_foreseen(state: RankState, history: Sequence[Sample], died_at: float, 
         cause = "memory"
     elif shm:
         cause = "shm"
-    elif "No space left on device" in state.exit_reason or ("PytorchStreamWriter" in state.exit_reason
-                                                           and state.disk_total_bytes):
+    elif "No space left on device" in state.exit_reason or (state.disk_total_bytes and any(
+            w in state.exit_reason for w in ("PytorchStreamWriter", "inline_container.cc"))):
+        # torch.save's zip writer on a full disk: "[enforce fail at inline_container.cc:672] .
+        # unexpected pos 704 vs 598", no errno (seen on a full tmpfs, torch 2.13)
         cause = "disk"
     else:
         return ""

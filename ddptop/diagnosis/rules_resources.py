@@ -92,10 +92,13 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
 def _forecast(limit: Limit, key: tuple[str, ...], members: list[RankState],
               histories: dict[int, list[Sample]], config: DiagnosisConfig) -> Trend | None:
     cap = max((limit.limit(s) or 0) for s in members)
-    # One rank reads the limit for all: the one with the longest history of it.
-    history = max((histories.get(s.rank) or [] for s in members), key=len)
+    # One rank reads the limit for all: the one with the longest history of it; its start-up
+    # and warm-up (imports, the model, the first batches: a rise that levels off) not judged.
+    rep = max(members, key=lambda s: len(histories.get(s.rank) or []))
+    history = histories.get(rep.rank) or []
+    settled = rep.start_time + config.trend_warmup_s
     values = [limit.used(x) for x in history]
-    points = [(x.time, v) for x, v in zip(history, values, strict=True) if v is not None]
+    points = [(x.time, v) for x, v in zip(history, values, strict=True) if v is not None and x.time >= settled]
     if len(points) < 2 or not cap:
         return None
     used = [v for _, v in points]

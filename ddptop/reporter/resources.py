@@ -6,8 +6,9 @@ design, on the reporter thread only:
 * the memory cgroup is found once (``/proc/self/cgroup``; v2 ``memory.current`` /
   ``memory.max``, v1 ``memory.usage_in_bytes`` / ``memory.limit_in_bytes``), walking up to
   the ancestor whose limit is the tightest (a container's limit sits on a parent of the
-  rank's own cgroup); its use is one ``pread`` of a file kept open (a few microseconds), its
-  limit re-read every :data:`SLOW_EVERY_S`;
+  rank's own cgroup); its use is one ``pread`` of a file kept open (a few microseconds), less
+  its inactive file cache (``memory.stat``: reclaimed before any OOM kill); the limit and the
+  cache re-read every :data:`SLOW_EVERY_S`;
 * the checkpoint directory comes from ``DDPTOP_CHECKPOINT_DIR`` (``ddptop launch
   --checkpoint-dir``), else from the rank's own ``torch.save`` to a path (noted by the
   patched ``torch.save``, :mod:`ddptop.reporter.progress`); its filesystem is read with one
@@ -38,6 +39,8 @@ class CgroupFiles:
     path: str  # as /proc/self/cgroup names it, e.g. /kubepods/pod1/ctr or /job.slice
     usage: Path
     limit: Path
+    stat: Path  # memory.stat: its inactive file cache is what the kernel reclaims before any OOM kill
+    inactive_key: str  # that cache's line in it (v1 counts the cgroup's children too: total_...)
 
 
 def _read_int(path: Path) -> int | None:
@@ -59,16 +62,33 @@ def cgroup_levels(proc_cgroup: str, mount: Path = CGROUP_MOUNT) -> list[CgroupFi
         root = mount if v2 else mount / "memory"
         usage, limit = ("memory.current", "memory.max") if v2 else ("memory.usage_in_bytes",
                                                                    "memory.limit_in_bytes")
+        inactive = "inactive_file" if v2 else "total_inactive_file"
         if v2 and not (root / "cgroup.controllers").is_file():
             root = mount / "unified"  # a hybrid machine: v2 beside the v1 controllers
         parts = [p for p in rel.strip().split("/") if p]
         for depth in range(len(parts), -1, -1):
             where = root.joinpath(*parts[:depth])
             if (where / usage).is_file():
-                out.append(CgroupFiles("/" + "/".join(parts[:depth]), where / usage, where / limit))
+                out.append(CgroupFiles("/" + "/".join(parts[:depth]), where / usage, where / limit,
+                                       where / "memory.stat", inactive))
         if out:
             return out
     return out
+
+
+def inactive_file(level: CgroupFiles) -> int:
+    """The cgroup's inactive file cache in bytes (0 where unknown): reclaimed before any OOM kill,
+    so left out of its use, as ``docker stats`` does (a job that writes files fills the cache)."""
+    key = level.inactive_key
+    try:
+        text = level.stat.read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def tightest(levels: list[CgroupFiles]) -> tuple[CgroupFiles | None, int | None]:
@@ -116,6 +136,7 @@ class ResourceReader:
         self._cgroup: CgroupFiles | None = None
         self._fd: int | None = None
         self.cgroup_limit: int | None = None
+        self._inactive = 0  # the cgroup's inactive file cache at the last slow read
         self.disk: DiskUse | None = None
         self._slow_due = 0.0
 
@@ -127,7 +148,7 @@ class ResourceReader:
             text = os.pread(self._fd, 32, 0).strip()
         except OSError:
             return None
-        return int(text) if text.isdigit() else None
+        return max(0, int(text) - self._inactive) if text.isdigit() else None
 
     def refresh(self, now: float | None = None, force: bool = False) -> bool:
         """The slow reads, when due (every SLOW_EVERY_S) or *force*d: the cgroup's limit, the disk.
@@ -144,6 +165,7 @@ class ResourceReader:
         level, self.cgroup_limit = tightest(self._levels)
         if level != self._cgroup:
             self._reopen(level)
+        self._inactive = inactive_file(level) if level is not None else 0
         directory = self.checkpoint_dir or self.saved_to
         self.disk = disk_use(directory) if directory else None
         return True
