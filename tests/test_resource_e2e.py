@@ -1,13 +1,13 @@
 """Resources running out, foreseen while there is time to act (#48), in real jobs under ``ddptop launch``.
 
-Three jobs, one module (one xdist worker), each watched by ``tests/watch_resources.py``
+Three jobs at once, one module (one xdist worker), each watched by ``tests/watch_resources.py``
 (``ddptop.api.watch``: a look a second, its ``*_exhaustion`` findings printed as they come):
 
 * a rank whose memory grows steadily inside a memory cgroup of the test's own (v1 or v2,
   always removed): warned at least 60 s before the OOM kill, then ``doctor`` says since when
   it was foreseen;
-* in a mount namespace of its own, a checkpoint loop filling a 40 MB tmpfs and DataLoader
-  workers filling a 80 MB ``/dev/shm``: each warned before its failure;
+* in a mount namespace of its own, a checkpoint loop filling a 64 MB tmpfs and DataLoader
+  workers filling a 128 MB ``/dev/shm``: each warned before its failure;
 * a healthy job in a memory cgroup that a warm-up rise would reach in seconds if it went on,
   with a per-step sawtooth and checkpoints that replace each other: no warning, watched from
   the module's start to its end (three minutes and more).
@@ -152,18 +152,48 @@ def healthy(runner: JobRunner) -> Iterator[Watched]:
             job.stop()
 
 
-def test_memory_leak_in_a_cgroup_warned_a_minute_before_the_oom_kill(runner: JobRunner,
-                                                                       healthy: Watched) -> None:
+@pytest.fixture(scope="module")
+def leak(runner: JobRunner, healthy: Watched) -> Iterator[tuple[Watched, Path]]:
+    """Started with the others (the three run at once): rank 1 fills its cgroup's headroom in 120 s."""
     with memory_cgroup(1536 << 20) as cg:
-        job = Watched(runner, "oom", {"PROBE_GROW": "memory", "PROBE_DIE_RANK": "1",
-                                      "PROBE_FILL_S": "120"},
-                      f"echo $$ > {cg / 'cgroup.procs'} &&", seconds=200)
+        job = Watched(runner, "oom", {"PROBE_GROW": "memory", "PROBE_DIE_RANK": "1", "PROBE_FILL_S": "120"},
+                      f"echo $$ > {cg / 'cgroup.procs'} &&", seconds=240)
         try:
-            job.wait(timeout=240)
+            yield job, cg
         finally:
             job.stop()
-        kills = cg / ("memory.oom_control" if (cg / "memory.oom_control").exists() else "memory.events")
-        assert "oom_kill 0" not in kills.read_text()  # the kernel did kill
+
+
+@pytest.fixture(scope="module")
+def fill(runner: JobRunner, healthy: Watched) -> Iterator[Watched]:
+    """Started with the others: in a mount namespace of its own, checkpoints fill a 64 MB tmpfs in
+    about 100 s (then a save fails, and the loop goes on without), and DataLoader workers' cache
+    fills a 128 MB /dev/shm in about 130 s (then the rank fails)."""
+    why = _can_unshare()
+    if why:
+        pytest.skip(f"cannot make a mount namespace here: {why}")
+    ckpt = runner.tmp / "ckpt-small"
+    ckpt.mkdir()
+    # The namespace (and its tmpfs mounts) dies with the last process in it: nothing to unmount.
+    prelude = f"mount -t tmpfs -o size=128m tmpfs /dev/shm && mount -t tmpfs -o size=64m tmpfs {ckpt} &&"
+    job = Watched(runner, "fill", {"PROBE_GROW": "shm_disk", "PROBE_CKPT_DIR": str(ckpt),
+                                   "PROBE_CKPT_MB": "1", "PROBE_CKPT_EVERY": "1.5", "PROBE_SHM_KB": "128"},
+                  prelude, unshare=True, seconds=240)
+    try:
+        yield job
+    finally:
+        job.stop()
+
+
+def test_memory_leak_in_a_cgroup_warned_a_minute_before_the_oom_kill(
+        leak: tuple[Watched, Path], fill: Watched) -> None:
+    job, cg = leak
+    try:
+        job.wait(timeout=240)
+    finally:
+        job.stop()
+    kills = cg / ("memory.oom_control" if (cg / "memory.oom_control").exists() else "memory.events")
+    assert "oom_kill 0" not in kills.read_text()  # the kernel did kill
     warned = job.first("memory_exhaustion", "cgroup memory")
     lost = next(f for f in job.doctor()["findings"] if f["kind"] == "rank_lost")
     assert lost["ranks"] == [1] and "killed by the OOM killer" in lost["title"], lost
@@ -175,20 +205,10 @@ def test_memory_leak_in_a_cgroup_warned_a_minute_before_the_oom_kill(runner: Job
     assert told and re.search(said, told[0]), lost["evidence"]
 
 
-def test_checkpoints_and_shm_filling_up_warned_before_each_failure(runner: JobRunner,
-                                                                    healthy: Watched) -> None:
-    why = _can_unshare()
-    if why:
-        pytest.skip(f"cannot make a mount namespace here: {why}")
-    ckpt = runner.tmp / "ckpt-small"
-    ckpt.mkdir()
-    # The namespace (and its tmpfs mounts) dies with the last process in it: nothing to unmount.
-    prelude = f"mount -t tmpfs -o size=80m tmpfs /dev/shm && mount -t tmpfs -o size=40m tmpfs {ckpt} &&"
-    job = Watched(runner, "fill", {"PROBE_GROW": "shm_disk", "PROBE_CKPT_DIR": str(ckpt),
-                                   "PROBE_CKPT_MB": "1", "PROBE_CKPT_EVERY": "1", "PROBE_SHM_KB": "192"},
-                  prelude, unshare=True, seconds=150)
+def test_checkpoints_and_shm_filling_up_warned_before_each_failure(fill: Watched) -> None:
+    job = fill
     try:
-        job.wait(timeout=180)
+        job.wait(timeout=240)
     finally:
         job.stop()
     text = job.log.read_text(errors="replace")

@@ -18,6 +18,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import cast
 
 from ddptop.diagnosis.common import active, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
@@ -30,42 +32,39 @@ from ddptop.textfmt import human_bytes, human_duration
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """One kind of limit: how ranks share it, what it is, and what a sample says of its use."""
+    """One kind of limit: what on a host shares it, what it is, and what a sample says of its use."""
 
     kind: str  # the finding's kind
     resource: str  # as a person names it
-    key: Callable[[RankState], tuple[str, ...] | None]  # ranks with one key share the limit
+    # which of a host's ranks share one limit of this kind: None for the whole host's (no call
+    # per rank: at 32,768 ranks every call per rank and limit costs ~30 ms)
+    share: Callable[[RankState], str | None] | None
     limit: Callable[[RankState], int | None]
-    used: Callable[[Sample], int | None]  # the use one history sample carries
+    used: Callable[[Sample], int | None]  # the use one history sample carries (an attrgetter)
     remedy: str
-
-
-def _gpu_key(s: RankState) -> tuple[str, ...] | None:
-    return None if s.gpu is None else (s.host, f"gpu{s.gpu.index}")
 
 
 LIMITS: tuple[Limit, ...] = (
     Limit("memory_exhaustion", "cgroup memory",
-          lambda s: (s.host, s.cgroup_path) if s.cgroup_memory_limit_bytes else None,
-          lambda s: s.cgroup_memory_limit_bytes, lambda x: x.cgroup_memory_bytes,
+          lambda s: s.cgroup_path if s.cgroup_memory_limit_bytes else None,
+          lambda s: s.cgroup_memory_limit_bytes, attrgetter("cgroup_memory_bytes"),
           "find what keeps growing (a list of tensors kept across steps, a cache, a leaking loader: "
           "tracemalloc or memray on the fastest-rising rank) or raise the container's memory limit; "
           "at the limit the kernel's OOM killer ends the rank with SIGKILL and no traceback"),
-    Limit("memory_exhaustion", "host memory", lambda s: (s.host, "") if s.mem_total_bytes else None,
-          lambda s: s.mem_total_bytes, lambda x: x.host_memory_used_bytes,
+    Limit("memory_exhaustion", "host memory", None, lambda s: s.mem_total_bytes,
+          attrgetter("host_memory_used_bytes"),
           "find what keeps growing (tracemalloc or memray on the fastest-rising rank); at the end "
           "of the host's memory the OOM killer ends the largest process"),
-    Limit("memory_exhaustion", "GPU memory", _gpu_key,
-          lambda s: s.gpu.mem_total_bytes if s.gpu is not None else None, lambda x: x.gpu_mem_used_bytes,
+    Limit("memory_exhaustion", "GPU memory", lambda s: None if s.gpu is None else f"gpu{s.gpu.index}",
+          lambda s: s.gpu.mem_total_bytes if s.gpu is not None else None, attrgetter("gpu_mem_used_bytes"),
           "find what keeps growing on the GPU (tensors kept across steps: a loss not .item()'d, a "
           "growing cache; torch.cuda.memory_snapshot()); fragmentation: "
           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
-    Limit("shm_exhaustion", "/dev/shm", lambda s: (s.host, "/dev/shm") if s.shm_total_bytes else None,
-          lambda s: s.shm_total_bytes, lambda x: x.shm_used_bytes,
+    Limit("shm_exhaustion", "/dev/shm", None, lambda s: s.shm_total_bytes, attrgetter("shm_used_bytes"),
           "enlarge /dev/shm (docker run --shm-size=8g) or lower num_workers / prefetch_factor; files "
           "left in /dev/shm by dead workers or other jobs count too (ls -la /dev/shm)"),
-    Limit("disk_exhaustion", "disk", lambda s: (s.host, s.disk_mount) if s.disk_total_bytes else None,
-          lambda s: s.disk_total_bytes, lambda x: x.disk_used_bytes,
+    Limit("disk_exhaustion", "disk", lambda s: s.disk_mount if s.disk_total_bytes else None,
+          lambda s: s.disk_total_bytes, attrgetter("disk_used_bytes"),
           "free space where the checkpoints go (keep the last N checkpoints, delete the rest) or "
           "point them at a larger filesystem; the save that finds it full fails the job"),
 )
@@ -75,45 +74,65 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                         config: DiagnosisConfig) -> list[Finding]:
     """Every limit some running rank is heading for within ``exhaustion_warning_s``."""
     out: list[Finding] = []
-    states = active(snapshot)
-    for limit in LIMITS:
-        groups: dict[tuple[str, ...], list[RankState]] = defaultdict(list)
-        for s in states:
-            key = limit.key(s)
-            if key is not None:
-                groups[key].append(s)
-        for key, members in groups.items():
-            found = _forecast(limit, key, members, histories, config)
-            if found is not None:
-                out.append(_finding(limit, key, members, found, histories, config))
+    hosts: dict[str, list[RankState]] = defaultdict(list)
+    for s in active(snapshot):
+        hosts[s.host].append(s)
+    for host, members in hosts.items():
+        # One rank reads a limit for all who share it: the one with the longest history.
+        longest = max(members, key=lambda s: len(histories.get(s.rank) or ()))
+        for limit in LIMITS:
+            groups: dict[str, list[RankState]] = {"": members}
+            if limit.share is not None:
+                groups = defaultdict(list)
+                for s in members:
+                    where = limit.share(s)
+                    if where is not None:
+                        groups[where].append(s)
+            for where, group in groups.items():
+                rep = longest if group is members or longest in group else \
+                    max(group, key=lambda s: len(histories.get(s.rank) or ()))
+                found = _forecast(limit, rep, histories, config)
+                if found is not None:
+                    out.append(_finding(limit, (host, where), group, found, histories, config))
     return out
 
 
-def _forecast(limit: Limit, key: tuple[str, ...], members: list[RankState],
-              histories: dict[int, list[Sample]], config: DiagnosisConfig) -> Trend | None:
-    cap = max((limit.limit(s) or 0) for s in members)
-    # One rank reads the limit for all: the one with the longest history of it; its start-up
-    # and warm-up (imports, the model, the first batches: a rise that levels off) not judged.
-    rep = max(members, key=lambda s: len(histories.get(s.rank) or []))
-    history = histories.get(rep.rank) or []
+def _forecast(limit: Limit, rep: RankState, histories: dict[int, list[Sample]],
+              config: DiagnosisConfig) -> Trend | None:
+    cap = limit.limit(rep)
+    history = histories.get(rep.rank)
+    if not cap or not history:
+        return None
+    values = list(map(limit.used, history))
+    if values[-1] is None:
+        return None
+    # Its start-up and warm-up (imports, the model, the first batches: a rise that levels off)
+    # are not judged.
     settled = rep.start_time + config.trend_warmup_s
-    values = [limit.used(x) for x in history]
-    points = [(x.time, v) for x, v in zip(history, values, strict=True) if v is not None and x.time >= settled]
-    if len(points) < 2 or not cap:
+    if history[0].time >= settled:  # the common case: a bound first, in C, on the whole window
+        try:
+            known = cast(list[int], values)  # a None raises TypeError below
+            top, low = max(known), min(known)
+        except TypeError:  # a sample without the value
+            pass
+        else:
+            # The floor cannot rise faster than the window's whole range, nor start above its
+            # top: a bound on the ETA from below that ends most limits here.
+            span = history[-1].time - history[0].time
+            if span <= 0 or (cap - top) * span > (top - low) * config.exhaustion_warning_s:
+                return None
+    points = [(x.time, v) for x, v in zip(history, values, strict=True)
+              if v is not None and x.time >= settled]
+    if len(points) < 2:
         return None
-    used = [v for _, v in points]
-    span, top = points[-1][0] - points[0][0], max(used)
-    # The floor cannot rise faster than the window's whole range, nor start above its top: a
-    # bound on the ETA from below that ends most limits here, in one pass.
-    if span <= 0 or (cap - top) * span > (top - min(used)) * config.exhaustion_warning_s:
-        return None
-    found = trend(points, cap, window_s=span + 1.0, min_span_s=config.trend_min_span_s)
+    found = trend(points, cap, window_s=points[-1][0] - points[0][0] + 1.0,
+                  min_span_s=config.trend_min_span_s)
     return found if found is not None and found.eta_s < config.exhaustion_warning_s else None
 
 
-def _finding(limit: Limit, key: tuple[str, ...], members: list[RankState], t: Trend,
+def _finding(limit: Limit, key: tuple[str, str], members: list[RankState], t: Trend,
              histories: dict[int, list[Sample]], config: DiagnosisConfig) -> Finding:
-    host, where = key[0], key[1] if len(key) > 1 else ""
+    host, where = key
     severity: Severity = "critical" if t.eta_s < config.exhaustion_critical_s else "warning"
     shared = sorted(s.rank for s in members)
     place = {"cgroup memory": f"memory cgroup {where or '/'} on {host}", "host memory": f"{host}'s memory",
