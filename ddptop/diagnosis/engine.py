@@ -67,7 +67,7 @@ RULES: tuple[Rule, ...] = (
 # The rules judged over a window of each rank's samples (window_s): half the cost of a
 # diagnosis at 32,768 ranks, and a verdict that cannot change much within seconds.
 RATE_RULES: tuple[Rule, ...] = (rules_progress.straggler, rules_progress.input_bound,
-                                # a forecast minutes ahead (0.3 s of CPU at 32,768 ranks, #48)
+                                # a forecast minutes ahead (0.2-0.3 s of CPU at 32,768 ranks, #48)
                                 rules_resources.resource_exhaustion)
 
 
