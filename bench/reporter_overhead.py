@@ -84,7 +84,8 @@ def worker(steps: int, warmup: int, block: int = 0, groups: int = 1) -> None:
     small = torch.zeros(8)
     on_cpu = on_wall = 0.0
     block_start = (0.0, 0.0)
-    worst_sample = 0.0
+    worst_sample = worst_light = 0.0
+    seen = (0, 0)  # (samples, full FR reads) when the latest sample was first seen
     times: list[float] = []
     cpu0 = rep0 = 0.0
     last = time.perf_counter()
@@ -108,7 +109,16 @@ def worker(steps: int, warmup: int, block: int = 0, groups: int = 1) -> None:
         opt.step()
         for group in active:
             dist.all_reduce(small, group=group)
-        worst_sample = max(worst_sample, last_sample_cost())
+        cost = last_sample_cost()
+        worst_sample = max(worst_sample, cost)
+        now_seen = sample_counts()
+        if now_seen[0] != seen[0]:
+            # A new sample: it read no full FR dump if the count did not move since the sample
+            # before it was seen (a sample is 1 s after the last, a step a few ms: counting at
+            # each new sample, not each step, never splits one sample's dump from it).
+            if now_seen[1] == seen[1] and i >= warmup:
+                worst_light = max(worst_light, cost)
+            seen = now_seen
         now = time.perf_counter()
         times.append(now - last)  # the whole step, DataLoader fetch included
         if blocks:
@@ -127,7 +137,8 @@ def worker(steps: int, warmup: int, block: int = 0, groups: int = 1) -> None:
                                  "reporter_cpu_total": rep * timed, "reporter_cpu_startup": rep0,
                                  "blocks": [[on, statistics.median(ts)] for on, ts in blocks if ts],
                                  "reporter_cpu_per_s": on_cpu / on_wall if on_wall else None,
-                                 "worst_sample_s": worst_sample, "fr": fr_reads()}),
+                                 "worst_sample_s": worst_sample,
+                                 "worst_light_sample_s": worst_light, "fr": fr_reads()}),
               flush=True)
     dist.destroy_process_group()
 
@@ -167,6 +178,16 @@ def last_sample_cost() -> float:
 
     stats = getattr(current(), "stats", None)
     return float(getattr(stats, "sample_cost_s", 0.0))
+
+
+def sample_counts() -> tuple[int, int]:
+    """(samples taken, full Flight Recorder dumps read) by this rank's reporter so far."""
+    from ddptop.reporter import current
+
+    reporter = current()
+    stats = getattr(reporter, "stats", None)
+    tracker = getattr(reporter, "collectives", None)
+    return int(getattr(stats, "samples", 0)), int(getattr(tracker, "full_reads", 0))
 
 
 def fr_reads() -> list[int]:
@@ -324,7 +345,7 @@ def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int, group
     ons: list[float] = []
     pair_ratios: list[float] = []
     gil: list[float] = []
-    worst = 0.0
+    worst = worst_light = 0.0
     fr = [0, 0]
     with tempfile.TemporaryDirectory(prefix="ddptop-bench-") as rt:
         for j in range(jobs):
@@ -332,6 +353,7 @@ def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int, group
             if result.get("reporter_cpu_per_s") is not None:
                 gil.append(float(result["reporter_cpu_per_s"]))
             worst = max(worst, float(result.get("worst_sample_s", 0.0)))
+            worst_light = max(worst_light, float(result.get("worst_light_sample_s", 0.0)))
             fr = [a + b for a, b in zip(fr, result.get("fr", [0, 0]), strict=True)]
             seq = [(bool(on), float(med)) for on, med in result["blocks"]]
             for (on_a, a), (on_b, b) in itertools.pairwise(seq):
@@ -356,7 +378,8 @@ def in_job_ab(nproc: int, block: int, blocks: int, jobs: int, warmup: int, group
     print()
     return {"groups": groups, "ratio": ratio, "lo": lo, "hi": hi,
             "gil_ms_per_s": statistics.median(gil) * 1e3 if gil else float("nan"),
-            "worst_sample_ms": worst * 1e3, "fr": fr, "jobs": jobs}
+            "worst_sample_ms": worst * 1e3,
+            "worst_light_ms": worst_light * 1e3, "fr": fr, "jobs": jobs}
 
 
 def print_groups_table(rows: list[dict[str, Any]], nproc: int, block: int) -> None:
@@ -364,16 +387,22 @@ def print_groups_table(rows: list[dict[str, Any]], nproc: int, block: int) -> No
     print(f"## reporter cost by process groups (in-job A/B, {nproc} ranks, blocks of {block} steps; "
           "4 groups = default + 2 busy + 1 idle)")
     print("| process groups | step time on/off | interquartile | reporter GIL ms per s "
-          "| longest sample ms | FR dumps status/full (rank 0, all jobs) |")
-    print("|---:|---:|---|---:|---:|---|")
+          "| longest sample ms | longest without a full FR dump ms "
+          "| FR dumps status/full (rank 0, all jobs) |")
+    print("|---:|---:|---|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r['groups']} | {r['ratio']:.4f} ({(r['ratio'] - 1) * 100:+.2f} %) | "
               f"{r['lo']:.4f}..{r['hi']:.4f} | {r['gil_ms_per_s']:.3f} | {r['worst_sample_ms']:.2f} | "
+              f"{r['worst_light_ms']:.2f} | "
               f"{r['fr'][0]}/{r['fr'][1]} |")
     print("GIL ms per s: CPU time of the reporter thread per wall second while it samples, read from "
           "/proc/self/task/<tid>/schedstat\n(Python code runs only with the GIL held, so this bounds the "
           "GIL time from above, whatever sys.getswitchinterval() is);\nlongest sample: thread_time() of "
-          "the costliest single sample() seen by the training thread.")
+          "the costliest single sample() seen by the training thread;\nthe longest is a full "
+          "Flight Recorder dump "
+          "(torch serialises up to 2000 entries with the GIL held: the training thread waits for it; "
+          "at most\nFR_FULL_READS_PER_MIN a minute, a timing read every DDPTOP_FR_TIMING s); the next column "
+          "is the longest sample after the warm-up that read none.")
     print()
 
 

@@ -55,6 +55,8 @@ PULSE_FIELDS: frozenset[str] = frozenset((
     "cpu_percent", "rss_bytes", "gpu.util_percent",
     # table columns and rule evidence beside the sample
     "gpu.mem_used_bytes", "shm_used_bytes", "load_avg[0]", "last_step_at",
+    # the resource trends (rules_resources): in the sample
+    "cgroup_memory_bytes", "disk_used_bytes",
     # LAG-SEQ and collective_stall without a Flight Recorder: every group
     "collectives[].seq", "collectives[].seq_changed_at",
     # how long each pending op has waited (the ops themselves are detail)
@@ -75,6 +77,9 @@ DETAIL_FIELDS: frozenset[str] = frozenset((
     # endings (the rank's words, and what the agent saw from outside)
     "crash_file", "exit_reason", "exit_code", "exit_signal", "exited_at", "exit_cause",
     "memory_limit_bytes", "memory_peak_bytes", "worker_crashes", "stuck",
+    # the limits the resource trends are judged against, and who shares them
+    "mem_total_bytes", "cgroup_path", "cgroup_memory_limit_bytes", "disk_path", "disk_mount",
+    "disk_total_bytes",
     # where a rank that makes no progress is in the user's code (changes when it moves)
     "where",
     # group structure
@@ -94,6 +99,7 @@ DETAIL_FIELDS: frozenset[str] = frozenset((
 
 ON_DEMAND_FIELDS: frozenset[str] = frozenset((
     "env", "reporter", "threads", "mem_available_bytes", "loader_worker_pids", "last_batch_at",
+    "gpu_reserved_bytes",
     "load_avg[1:]",
     "gpu.temperature_c", "gpu.power_w", "gpu.uuid", "gpu.driver",
     # LoaderInfo.batch is read by _extra_eval_batch only for an aborted rank, whose final
@@ -148,6 +154,8 @@ def detail_key(s: RankState) -> tuple[Any, ...]:
         gpu_key, s.versions, s.param_fingerprint, s.rng_fingerprint, s.crash_file, s.exit_reason,
         s.exit_code, s.exit_signal, s.exited_at, s.exit_cause, s.memory_limit_bytes, s.memory_peak_bytes,
         s.worker_crashes, s.stuck, s.where, len(s.load_avg),
+        s.mem_total_bytes, s.cgroup_path, s.cgroup_memory_limit_bytes, s.disk_path, s.disk_mount,
+        s.disk_total_bytes,
         # map, not generator expressions: an agent keys every state of its ranks (and the
         # synthetic job's 4,096 agents 32,768 a second): 3.4 -> 2.1 us a running state, 4.6 -> 3.3 us
         # one waiting in a collective (its pending op).
@@ -223,6 +231,7 @@ def merged(base: RankState, pulse: Pulse) -> RankState:
         loader_ready_batches=sample.loader_ready_batches, cpu_percent=sample.cpu_percent,
         rss_bytes=sample.rss_bytes, last_step_at=p.last_step_at, shm_used_bytes=p.shm_used_bytes,
         load_avg=load_avg, gpu=gpu, collectives=groups,
+        cgroup_memory_bytes=sample.cgroup_memory_bytes, disk_used_bytes=sample.disk_used_bytes,
     )
 
 

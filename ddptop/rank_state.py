@@ -250,6 +250,16 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     shm_used_bytes: int | None = None
     shm_total_bytes: int | None = None
     gpu: GpuInfo | None = None
+    # resources heading for a limit (#48), read by the reporter; None where it cannot tell
+    mem_total_bytes: int | None = None  # the host's memory
+    cgroup_path: str = ""  # the memory cgroup whose limit binds the rank (its own or an ancestor's)
+    cgroup_memory_bytes: int | None = None  # that cgroup's use (memory.current / usage_in_bytes)
+    cgroup_memory_limit_bytes: int | None = None  # its limit (memory.max / limit_in_bytes); None: none
+    disk_path: str = ""  # the directory the rank writes its large files to (checkpoints)
+    disk_mount: str = ""  # the mount point of its filesystem
+    disk_used_bytes: int | None = None  # used on that filesystem
+    disk_total_bytes: int | None = None  # used + available to the rank (root's reserve left out)
+    gpu_reserved_bytes: int | None = None  # torch's caching allocator, where CUDA is initialised
     # environment and fingerprints
     versions: Versions = msgspec.field(default_factory=Versions)
     env: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_ITEMS)] = {}
@@ -294,6 +304,12 @@ class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):
     cpu_percent: float | None
     rss_bytes: int | None
     gpu_util_percent: float | None
+    # Added with the resource trends (#48): an older sample decodes with None
+    cgroup_memory_bytes: int | None = None
+    host_memory_used_bytes: int | None = None  # mem_total_bytes - mem_available_bytes
+    shm_used_bytes: int | None = None
+    disk_used_bytes: int | None = None
+    gpu_mem_used_bytes: int | None = None
 
     @staticmethod
     def of(state: RankState, time: float) -> Sample:
@@ -305,6 +321,11 @@ class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):
             data_wait_fraction=state.data_wait_fraction, loader_ready_batches=state.loader_ready_batches,
             cpu_percent=state.cpu_percent, rss_bytes=state.rss_bytes,
             gpu_util_percent=state.gpu.util_percent if state.gpu else None,
+            cgroup_memory_bytes=state.cgroup_memory_bytes,
+            host_memory_used_bytes=(None if not state.mem_total_bytes or state.mem_available_bytes is None
+                                    else state.mem_total_bytes - state.mem_available_bytes),
+            shm_used_bytes=state.shm_used_bytes, disk_used_bytes=state.disk_used_bytes,
+            gpu_mem_used_bytes=state.gpu.mem_used_bytes if state.gpu else None,
         )
 
 

@@ -3,7 +3,7 @@ whom it waits for, from the wait-for graph's edges (``Finding.waits``)."""
 
 from __future__ import annotations
 
-from ddptop.diagnosis.finding import Finding, WaitEdge
+from ddptop.diagnosis.finding import Finding, Forecast, WaitEdge
 from ddptop.tui.story_marks import CAUSE, VICTIM, story_marks
 
 
@@ -31,3 +31,14 @@ def test_a_long_list_of_ranks_waited_for_is_cut_to_fit_the_column() -> None:
                    waits=[WaitEdge(ranks=[1], waits_for=evens, op="x")])
     marks, _ = story_marks([wide])
     assert marks[1].startswith("→0,2,4") and marks[1].endswith("…") and len(marks[1]) <= 13
+
+
+def test_ranks_sharing_a_limit_about_to_run_out_say_what_and_when() -> None:
+    forecast = Forecast(resource="cgroup memory", where="/job", used_bytes=3 << 30, limit_bytes=4 << 30,
+                        rate_bytes_per_s=8 << 20, eta_s=250.0, at=1.0, reaches_at=251.0, shared_by=[0, 1])
+    risk = Finding(kind="memory_exhaustion", severity="warning", ranks=[0, 1], title="t", forecast=forecast)
+    cause = Finding(kind="rank_lost", severity="critical", ranks=[1], title="t")
+    marks, leads = story_marks([risk, cause])
+    assert marks == {0: "OOM ⏱4m10s", 1: "CAUSE"} and leads == [1]  # a cause says more than a risk
+    info = Finding(kind="shm_exhaustion", severity="info", ranks=[2], title="t", forecast=forecast)
+    assert story_marks([info]) == ({}, [])

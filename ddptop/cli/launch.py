@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", help="address ranks serve on (default 127.0.0.1; "
                         "anything else needs DDPTOP_TOKEN)")
     parser.add_argument("--interval", type=float, help="sampling interval in seconds (default 1)")
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="where the job writes its checkpoints: its filesystem filling up is foreseen "
+                             "(disk_exhaustion; default $DDPTOP_CHECKPOINT_DIR, else where torch.save wrote)")
     parser.add_argument("--record-mb", type=float, default=None,
                         help=f"size cap of the job's black-box record in MB (default $DDPTOP_RECORD_MB or "
                              f"{DEFAULT_CAP_BYTES >> 20}; 0 turns recording off)")
@@ -101,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     if args.stacks_signal:
         os.environ[outside.SIGNAL_ENV] = "1"  # this process is the node agent; its ranks' agents too
     env = job_env(dict(os.environ), job_id, args.bind, args.interval)
+    if args.checkpoint_dir:  # absolute: the ranks may change directory
+        env["DDPTOP_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
     if os.path.basename(command[0]) == "srun":
         env[LAUNCHER_ENV] = "srun"  # SLURM's tasks are the ranks (see ddptop/_inject/sitecustomize.py)
     agent: NodeAgent | None = None

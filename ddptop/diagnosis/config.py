@@ -33,3 +33,9 @@ class DiagnosisConfig:
     shm_used_fraction: float = 0.8
     shm_critical_fraction: float = 0.95
     shm_min_total_bytes: int = 512 * 1024 * 1024
+    # resources heading for their limit (memory_exhaustion, shm_exhaustion, disk_exhaustion):
+    # the floor of the newest samples (those the rate rules get: window_s + a margin) rising
+    exhaustion_warning_s: float = 900.0  # the limit reached in under this: warning
+    exhaustion_critical_s: float = 120.0  # ... under this: critical
+    trend_min_span_s: float = 20.0  # the rising floor seen over at least this long
+    trend_warmup_s: float = 30.0  # a rank's first seconds (imports, the model, a warm-up) not judged

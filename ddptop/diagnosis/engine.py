@@ -14,6 +14,7 @@ from ddptop.diagnosis import (
     rules_postmortem,
     rules_progress,
     rules_reports,
+    rules_resources,
     rules_system,
     rules_unresponsive,
     rules_waits,
@@ -56,6 +57,7 @@ RULES: tuple[Rule, ...] = (
     rules_progress.input_bound,
     rules_system.cpu_oversubscribed,
     rules_system.shm_pressure,
+    rules_resources.resource_exhaustion,  # before the death it foresees: still a warning
     rules_system.gpu_heterogeneous,
     rules_system.version_mismatch,
     rules_identity.rng_divergence,
@@ -64,7 +66,9 @@ RULES: tuple[Rule, ...] = (
 
 # The rules judged over a window of each rank's samples (window_s): half the cost of a
 # diagnosis at 32,768 ranks, and a verdict that cannot change much within seconds.
-RATE_RULES: tuple[Rule, ...] = (rules_progress.straggler, rules_progress.input_bound)
+RATE_RULES: tuple[Rule, ...] = (rules_progress.straggler, rules_progress.input_bound,
+                                # a forecast minutes ahead (0.2-0.3 s of CPU at 32,768 ranks, #48)
+                                rules_resources.resource_exhaustion)
 
 
 def diagnose(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: float,

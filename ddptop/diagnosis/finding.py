@@ -19,6 +19,7 @@ KINDS: frozenset[str] = frozenset((
     "gpu_heterogeneous", "rng_divergence", "unequal_eval_batches",
     "rank_unresponsive", "node_lost", "host_unreachable",
     "collective_deadlock",  # added with the wait-for graph (#45)
+    "memory_exhaustion", "shm_exhaustion", "disk_exhaustion",  # resources heading for a limit (#48)
 ))
 
 
@@ -28,6 +29,20 @@ class WaitEdge(msgspec.Struct, kw_only=True):
     ranks: list[int]
     waits_for: list[int]  # empty: members the evidence cannot name
     op: str  # "gloo:all_reduce #128 of group 1 mesh_replicate (ranks 0,2)", "gloo:recv from rank 2"
+
+
+class Forecast(msgspec.Struct, kw_only=True):
+    """A resource heading for its limit: the numbers behind an ``*_exhaustion`` finding."""
+
+    resource: str  # "cgroup memory", "host memory", "GPU memory", "/dev/shm", "disk"
+    where: str  # what holds the limit: the cgroup's path, the host, "host:gpu0", the mount point
+    used_bytes: int  # the newest peak
+    limit_bytes: int
+    rate_bytes_per_s: float  # the floor's rise (the per-step sawtooth left out)
+    eta_s: float  # seconds from ``at`` to the limit at that rate
+    at: float  # wall clock of the newest sample the forecast read
+    reaches_at: float  # wall clock the limit is reached: at + eta_s
+    shared_by: list[int] = []  # every rank that shares the limit
 
 
 class Finding(msgspec.Struct, kw_only=True):
@@ -47,6 +62,8 @@ class Finding(msgspec.Struct, kw_only=True):
     # Added with the wait-for graph (#45): what each victim waits in and for whom, one entry per
     # class of victims blocked alike (a handful even at 32,768 ranks)
     waits: list[WaitEdge] = []
+    # Added with the resource trends (#48): the forecast behind an *_exhaustion finding
+    forecast: Forecast | None = None
 
     def at_least(self, severity: str) -> bool:
         """True if this finding is *severity* or worse."""

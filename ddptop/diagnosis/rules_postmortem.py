@@ -27,6 +27,7 @@ from ddptop.diagnosis.common import ACTIVE, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.exit_reading import at_step, known_step, read_exit, told_by_log, where_known
 from ddptop.diagnosis.finding import Finding, Severity
+from ddptop.diagnosis.foresight import death_foreseen
 from ddptop.diagnosis.rules_last_words import GLOO_SIZE, lost_peers
 from ddptop.errortext import innermost
 from ddptop.model.outcome import PEER_GONE
@@ -92,6 +93,9 @@ def _failure(snapshot: JobSnapshot, failed: list[RankState], running: list[int],
                 + (f" ({why[s.rank]})" if s.status == Status.LOST and s.rank in why else "")
                 + (f"; stack in {s.crash_file}" if s.crash_file and not s.worker_crashes else "")
                 for s in order]
+    told = death_foreseen(first, histories.get(first.rank, []), t0, shm=bool(_shm_full(first)))
+    if told:
+        evidence.insert(1, f"rank {first.rank}'s end was {told}")
     for crash in first.worker_crashes:
         if crash.stack:
             evidence.append(f"stack of worker pid {crash.pid} ({crash.crash_file}), innermost first:")

@@ -46,6 +46,7 @@ class ReporterConfig:
     fr_timing_every_s: float = 30.0
     teardown_yield_s: float = 0.05
     store_timeout_s: float = 5.0
+    checkpoint_dir: str = ""  # where the job writes its large files (DDPTOP_CHECKPOINT_DIR)
 
 
 def _float(env: dict[str, str], name: str, default: float) -> float:
@@ -90,4 +91,5 @@ def config_from_env(env: dict[str, str] | None = None,
         fr_after_s=_float(env, "DDPTOP_FR_AFTER", 2.0),
         fr_timing_every_s=_float(env, "DDPTOP_FR_TIMING", 30.0),
         teardown_yield_s=max(0.0, _float(env, "DDPTOP_TEARDOWN_YIELD", 0.05)),
+        checkpoint_dir=env.get("DDPTOP_CHECKPOINT_DIR", ""),
     )

@@ -9,6 +9,7 @@ them into rates; a torn read costs one slightly wrong sample, never a crash.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ class Progress:
         "page",
         "page_floats",
         "page_ints",
+        "saved_to",
         "step",
         "step_batch_seq",
         "train_rec",
@@ -59,6 +61,7 @@ class Progress:
         self.last_started: LoaderRecord | None = None  # loader of the latest iter()
         self.train_rec: LoaderRecord | None = None  # loader of the batch before the latest step
         self.batch_seq = 0  # batches taken from any loader
+        self.saved_to = ""  # directory of the rank's latest torch.save to a path (the checkpoints)
         self.step_batch_seq = 0  # batch_seq at the latest counted step
         self.optimizer_calls = 0  # optimizer.step() calls, counted or not
         self.optimizer_id = 0
@@ -161,6 +164,7 @@ def install_torch_patches(torch_module: Any, teardown_yield_s: float = 0.05) -> 
     patched += _patch_grad_scaler()
     patched += _patch_wrappers()
     patched += _patch_teardown(teardown_yield_s)
+    patched += _patch_save(torch_module)
     from ddptop.reporter.torch_import import when_imported
 
     when_imported("torch.distributed.fsdp._fully_shard._fully_shard", patch_fully_shard)
@@ -201,6 +205,28 @@ def _patch_teardown(yield_s: float) -> list[str]:
     if getattr(dist, "destroy_process_group", None) is original:
         dist.destroy_process_group = destroy_process_group
     return ["destroy_process_group(yield)"]
+
+
+def _patch_save(torch_module: Any) -> list[str]:
+    """Note the directory of each ``torch.save`` to a path: where the rank's checkpoints go,
+    whose filesystem the reporter watches filling (a save, not a step: no hot path)."""
+    original = getattr(torch_module, "save", None)
+    if original is None or getattr(original, "_ddptop_patched", False):
+        return []
+    p = PROGRESS
+
+    @functools.wraps(original)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(f, str | os.PathLike):
+            try:
+                p.saved_to = os.path.dirname(os.path.abspath(os.fspath(f)))
+            except Exception:
+                p.hook_errors += 1
+        return original(obj, f, *args, **kwargs)
+
+    save._ddptop_patched = True  # type: ignore[attr-defined]
+    torch_module.save = save
+    return ["torch.save(checkpoint directory)"]
 
 
 def _patch_grad_scaler() -> list[str]:

@@ -41,6 +41,7 @@ from ddptop.reporter.crash import CrashCapture
 from ddptop.reporter.last_words import SigtermWatch
 from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
 from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
+from ddptop.reporter.resources import ResourceReader
 from ddptop.reporter.store_publish import Announcer, own_endpoint
 from ddptop.reporter.system import SystemSampler
 from ddptop.reporter.where import sample_where
@@ -65,6 +66,7 @@ class Reporter:
         self.collectives = collectives.CollectiveTracker(
             fr_after_s=config.fr_after_s, timing_every_s=config.fr_timing_every_s)
         self.system = SystemSampler()
+        self.resources = ResourceReader(config.checkpoint_dir)
         self.crash = CrashCapture(discovery.rank_file(config.job_id, config.rank, "crash"))
         self.state = RankState(
             rank=config.rank, local_rank=config.local_rank, world_size=config.world_size,
@@ -232,9 +234,14 @@ class Reporter:
         # moved) is counted and the rest of the state still goes out; the rank stays visible.
         self._part(self._sample_progress, s, p)
         torch = sys.modules.get("torch")
+        full_reads = self.collectives.full_reads
         if torch is not None and self._torch_ready:
             self._part(self._sample_torch, s, now)
         self._part(self._sample_system, s)
+        # The slow reads of the limits wait for a sample that read no full Flight Recorder dump:
+        # the longest sample stays what it was.
+        self._part(self.resources.fill, s, self.progress.saved_to,
+                   self.collectives.full_reads == full_reads, self._torch_ready)
         self._part(sample_where, s, now)  # only while it makes no step: in-process, no signal
         if s.status == Status.STARTING and (p.step or p.batch_seq or s.collectives):
             s.status = "running"

@@ -33,6 +33,7 @@ class SystemSampler:
         self._handle: Any = None
         self._static: GpuInfo | None = None
         self.device_hint: int | str | None = None  # set when DDP tells us the device
+        self._mem_total: int | None = None
 
     def process(self) -> dict[str, Any]:
         """CPU %, RSS and threads of this rank; load, cores and free memory of the host."""
@@ -44,13 +45,16 @@ class SystemSampler:
             load = [round(x, 2) for x in os.getloadavg()]
         except OSError:
             load = []
+        memory = psutil.virtual_memory()
+        self._mem_total = self._mem_total or int(memory.total)
         return {
             "cpu_percent": cpu,
             "rss_bytes": int(rss),
             "threads": int(threads),
             "load_avg": load,
             "cpu_count": os.cpu_count(),
-            "mem_available_bytes": int(psutil.virtual_memory().available),
+            "mem_available_bytes": int(memory.available),
+            "mem_total_bytes": self._mem_total,
         }
 
     @staticmethod

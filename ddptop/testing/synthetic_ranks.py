@@ -125,7 +125,10 @@ class FakeRanks:
             rank=0, local_rank=0, world_size=n_ranks, host="", pid=self.pid, job_id=job_id, status="running",
             time=t0, start_time=t0, loader_workers=4, backend=self.backend, threads=26,
             load_avg=[7.9, 8.0, 8.1], cpu_count=64, mem_available_bytes=180 * GIB, shm_used_bytes=256 << 20,
-            shm_total_bytes=32 * GIB, versions=self._versions, param_fingerprint=self._fingerprint)
+            shm_total_bytes=32 * GIB, versions=self._versions, param_fingerprint=self._fingerprint,
+            # the limits the resource trends read (#48): a node's cgroup, its memory, the checkpoints' disk
+            mem_total_bytes=256 * GIB, cgroup_path="/synthetic.slice", cgroup_memory_limit_bytes=240 * GIB,
+            disk_path="/ckpt/run", disk_mount="/ckpt", disk_total_bytes=8192 * GIB)
 
     def node_of(self, rank: int) -> int:
         """The node (host) *rank* runs on."""
@@ -202,6 +205,10 @@ class FakeRanks:
             rss_bytes=int(2.1 * GIB) + (rank % 8) * 50_000_000 + step * 4096,
             gpu_util_percent=(100.0 if frozen else round(80 + 18 * _noise(self.seed, rank, tick, 7), 1))
             if self.fake_gpu else None,
+            # the node's ranks and their sawtooth, level: what a healthy job's resources look like
+            cgroup_memory_bytes=int((20 + 4 * wait_u) * GIB),
+            host_memory_used_bytes=int((76 + 4 * wait_u) * GIB),
+            shm_used_bytes=256 << 20, disk_used_bytes=2048 * GIB,
         )
 
     def pending(self, rank: int, t: float, seq: int) -> list[proto.PendingOp]:
@@ -245,6 +252,7 @@ class FakeRanks:
                                                pending=self.pending(rank, s.time, s.seq),
                                                seq_changed_at=seq_at)],
             cpu_percent=s.cpu_percent, rss_bytes=s.rss_bytes, gpu=gpu,
+            cgroup_memory_bytes=s.cgroup_memory_bytes, disk_used_bytes=s.disk_used_bytes,
             env=self._env(rank),
             reporter=proto.ReporterStats(samples=tick + 1, clients=clients, sample_cost_s=0.0004),
         )

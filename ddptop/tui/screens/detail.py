@@ -27,6 +27,7 @@ from ddptop.model.rank_view import RankView
 from ddptop.protocol import LoaderInfo, PendingOp
 from ddptop.source import JobSource, StatesResult
 from ddptop.textfmt import human_bytes, human_duration, op_tensors, percent, rank_ranges
+from ddptop.tui.limits_text import limit_lines
 from ddptop.tui.on_demand import FETCH_TIMEOUT_S, REFRESH_S, OnDemand, on_demand_text
 from ddptop.tui.stack_groups import main_thread
 
@@ -97,6 +98,10 @@ def detail_text(view: RankView, status: str, now: float, on_demand: str | None =
                 f"(now {human_duration(st.step_time_s)})\n")
     text.append(f"data wait  {sparkline([s.data_wait_fraction for s in hist])}  "
                 f"(now {percent(st.data_wait_fraction)})\n")
+    limits = limit_lines(st, hist)
+    if limits:
+        _section(text, "limits (history against the limit)")
+        text.append("\n".join(limits) + "\n")
     _loaders(text, st.loaders)
     _section(text, "collectives")
     for group in st.collectives:

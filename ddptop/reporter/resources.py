@@ -1,0 +1,204 @@
+"""The limits a rank can run into, and its use of them: memory cgroup, host memory, checkpoint disk.
+
+What the viewers' trends (``ddptop.diagnosis.rules_resources``) are judged against. Cheap by
+design, on the reporter thread only:
+
+* the memory cgroup is found once (``/proc/self/cgroup``; v2 ``memory.current`` /
+  ``memory.max``, v1 ``memory.usage_in_bytes`` / ``memory.limit_in_bytes``), walking up to
+  the ancestor whose limit is the tightest (a container's limit sits on a parent of the
+  rank's own cgroup); its use is one ``pread`` of a file kept open (a few microseconds), less
+  its inactive file cache (``memory.stat``: reclaimed before any OOM kill); the limit and the
+  cache re-read every :data:`SLOW_EVERY_S`;
+* the checkpoint directory comes from ``DDPTOP_CHECKPOINT_DIR`` (``ddptop launch
+  --checkpoint-dir``), else from the rank's own ``torch.save`` to a path (noted by the
+  patched ``torch.save``, :mod:`ddptop.reporter.progress`); its filesystem is read with one
+  ``statvfs`` every :data:`SLOW_EVERY_S`.
+
+Nothing here raises: a file that cannot be read leaves its field ``None``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddptop.rank_state import RankState
+
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded LONG_MAX; v2 says "max"
+SLOW_EVERY_S = 5.0  # limits and statvfs: they move slowly, and a network filesystem can be slow
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupFiles:
+    """The use and limit files of one memory cgroup, and its path (what ranks sharing it share)."""
+
+    path: str  # as /proc/self/cgroup names it, e.g. /kubepods/pod1/ctr or /job.slice
+    usage: Path
+    limit: Path
+    stat: Path  # memory.stat: its inactive file cache is what the kernel reclaims before any OOM kill
+    inactive_key: str  # that cache's line in it (v1 counts the cgroup's children too: total_...)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return int(text) if text.isdigit() and int(text) < UNLIMITED else None
+
+
+def cgroup_levels(proc_cgroup: str, mount: Path = CGROUP_MOUNT) -> list[CgroupFiles]:
+    """The memory cgroup of the process and its ancestors, innermost first (empty: none readable)."""
+    out: list[CgroupFiles] = []
+    for line in proc_cgroup.splitlines():  # v1: "4:memory:/path"; v2: "0::/path"
+        _, controllers, rel = [*line.split(":", 2), "", ""][:3]
+        v2 = controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        root = mount if v2 else mount / "memory"
+        usage, limit = ("memory.current", "memory.max") if v2 else ("memory.usage_in_bytes",
+                                                                   "memory.limit_in_bytes")
+        inactive = "inactive_file" if v2 else "total_inactive_file"
+        if v2 and not (root / "cgroup.controllers").is_file():
+            root = mount / "unified"  # a hybrid machine: v2 beside the v1 controllers
+        parts = [p for p in rel.strip().split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            where = root.joinpath(*parts[:depth])
+            if (where / usage).is_file():
+                out.append(CgroupFiles("/" + "/".join(parts[:depth]), where / usage, where / limit,
+                                       where / "memory.stat", inactive))
+        if out:
+            return out
+    return out
+
+
+def inactive_file(level: CgroupFiles) -> int:
+    """The cgroup's inactive file cache in bytes (0 where unknown): reclaimed before any OOM kill,
+    so left out of its use, as ``docker stats`` does (a job that writes files fills the cache)."""
+    key = level.inactive_key
+    try:
+        text = level.stat.read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def tightest(levels: list[CgroupFiles]) -> tuple[CgroupFiles | None, int | None]:
+    """The level whose limit binds (the lowest), with that limit; the innermost one without any."""
+    best: tuple[CgroupFiles | None, int | None] = (levels[0] if levels else None, None)
+    for level in levels:
+        limit = _read_int(level.limit)
+        if limit is not None and (best[1] is None or limit < best[1]):
+            best = (level, limit)
+    return best
+
+
+@dataclass(slots=True)
+class DiskUse:
+    """One statvfs of the checkpoint directory's filesystem."""
+
+    mount: str
+    used: int
+    total: int  # used + what the rank may still write (root's reserve left out)
+
+
+def disk_use(directory: str) -> DiskUse | None:
+    """The filesystem of *directory* (its nearest existing ancestor), or None."""
+    path = Path(directory).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    mount = path.resolve()
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    return DiskUse(str(mount), used, used + st.f_bavail * st.f_frsize)
+
+
+class ResourceReader:
+    """Reads the rank's memory cgroup and checkpoint filesystem; keeps the last values."""
+
+    def __init__(self, checkpoint_dir: str = "") -> None:
+        self.checkpoint_dir = checkpoint_dir  # the option's; else torch.save's, once seen
+        self.saved_to = ""  # set by the patched torch.save (the training thread): a directory
+        self._levels: list[CgroupFiles] | None = None
+        self._cgroup: CgroupFiles | None = None
+        self._fd: int | None = None
+        self.cgroup_limit: int | None = None
+        self._inactive = 0  # the cgroup's inactive file cache at the last slow read
+        self.disk: DiskUse | None = None
+        self._slow_due = 0.0
+
+    def cgroup_usage(self) -> int | None:
+        """The binding cgroup's use now: one pread of its file, kept open."""
+        if self._fd is None:
+            return None
+        try:
+            text = os.pread(self._fd, 32, 0).strip()
+        except OSError:
+            return None
+        return max(0, int(text) - self._inactive) if text.isdigit() else None
+
+    def refresh(self, now: float | None = None, force: bool = False) -> bool:
+        """The slow reads, when due (every SLOW_EVERY_S) or *force*d: the cgroup's limit, the disk.
+        True if done."""
+        now = time.monotonic() if now is None else now
+        if now < self._slow_due and not force:
+            return False
+        self._slow_due = now + SLOW_EVERY_S
+        if self._levels is None:
+            try:
+                self._levels = cgroup_levels(Path("/proc/self/cgroup").read_text())
+            except OSError:
+                self._levels = []
+        level, self.cgroup_limit = tightest(self._levels)
+        if level != self._cgroup:
+            self._reopen(level)
+        self._inactive = inactive_file(level) if level is not None else 0
+        directory = self.checkpoint_dir or self.saved_to
+        self.disk = disk_use(directory) if directory else None
+        return True
+
+    def _reopen(self, level: CgroupFiles | None) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._cgroup = level
+        if level is not None:
+            try:
+                self._fd = os.open(level.usage, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._fd = None
+
+    def fill(self, s: RankState, saved_to: str, slow_ok: bool, torch_ready: bool) -> None:
+        """*s*'s resource fields: the cgroup's use every sample; the slow reads when due and
+        *slow_ok* (or at once for a new checkpoint directory, *saved_to*)."""
+        if saved_to != self.saved_to:
+            self.saved_to = saved_to
+            self.refresh(force=True)
+        elif slow_ok:
+            self.refresh()
+        s.cgroup_path, s.cgroup_memory_limit_bytes = self.cgroup_path, self.cgroup_limit
+        s.cgroup_memory_bytes = self.cgroup_usage()
+        disk = self.disk
+        s.disk_path = self.checkpoint_dir or self.saved_to
+        s.disk_mount = disk.mount if disk else ""
+        s.disk_used_bytes, s.disk_total_bytes = (disk.used, disk.total) if disk else (None, None)
+        cuda = getattr(sys.modules.get("torch"), "cuda", None)
+        if torch_ready and cuda is not None and cuda.is_initialized():  # never initialised here
+            s.gpu_reserved_bytes = int(cuda.memory_reserved())
+
+    @property
+    def cgroup_path(self) -> str:
+        return self._cgroup.path if self._cgroup is not None else ""
