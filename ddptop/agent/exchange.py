@@ -85,9 +85,12 @@ class Exchange:
     """This agent's side of the exchange: subscribes to every other agent's news."""
 
     def __init__(self, job_id: str, token: str | None, on_news: Callable[[Event], None],
-                 own_agent: tuple[str, int], clock: Callable[[], float] = time.time, host: str = "") -> None:
+                 own_agent: tuple[str, int], clock: Callable[[], float] = time.time, host: str = "",
+                 on_store: Callable[[int, list[Endpoint]], None] | None = None) -> None:
         self.job_id = job_id
         self.host = host  # this node's name: whose verdict its reachability events are
+        # Told once, the first time the store held every rank's endpoint (kept for viewers here)
+        self._on_store = on_store
         self._on_news = on_news
         self._own = own_agent
         self._clock = clock
@@ -183,6 +186,9 @@ class Exchange:
             log.debug("ddptop exchange: store %s:%d: %s", *self._store, exc)
             return
         self.add_endpoints(endpoints, world)
+        if self._on_store is not None and self._all_known():
+            told, self._on_store = self._on_store, None
+            told(world, [e for e in endpoints if e.job_id == self.job_id])
 
     def places(self) -> dict[int, tuple[str, str]]:
         """Each rank's host name and address, as the job's store published them."""

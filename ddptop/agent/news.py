@@ -10,6 +10,7 @@ through the job's TCPStore (MASTER_ADDR:MASTER_PORT, read from that rank's envir
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,10 +19,13 @@ from typing import TYPE_CHECKING
 from ddptop.agent.exchange import BEAT_S, Exchange
 from ddptop.bundle.format import ADDRESS_FACT, Frame, HostFacts
 from ddptop.protocol import AgentBeat, Event
+from ddptop.store import jobrecord
 from ddptop.store.discovery import Endpoint
 
 if TYPE_CHECKING:
     from ddptop.agent.endpoint import NodeEndpoint
+
+log = logging.getLogger(__name__)
 
 MAX_NEWS_KEPT = 512  # this node's news kept for agents that connect late (endings, stuck reports)
 MAX_ENVIRON = 1 << 20
@@ -59,7 +63,15 @@ class NodeNews:
             return  # no store, or one node (torchrun's or SLURM's word): nobody to exchange with
         own = endpoint.via_agent
         assert own is not None
-        self.exchange = Exchange(self.job_id, self._token, self._on_remote, own, host=self.host)
+
+        def keep(world: int, endpoints: list[Endpoint]) -> None:
+            try:  # beside job.json: viewers on this host need not read the store themselves
+                jobrecord.write_store_copy(self.job_id, endpoint.store, world, endpoints)
+            except (OSError, ValueError) as exc:
+                log.warning("ddptop agent: the store's copy not kept: %s", exc)
+
+        self.exchange = Exchange(self.job_id, self._token, self._on_remote, own, host=self.host,
+                                 on_store=keep if endpoint.store else None)
         self.exchange.start((addr, int(port)))
 
     def tell(self, entry: Event) -> None:

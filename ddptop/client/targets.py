@@ -106,8 +106,10 @@ def _add_from_store(made: JobTarget, timeout_s: float) -> None:
     match = _HOST_PORT.match(stores[0]) if stores else None
     if match is None:
         return
+    copied = copied_store(made.job_id, stores[0], made.endpoints)
     try:
-        world, published = read_store(match.group("host").strip("[]"), int(match.group("port")), timeout_s)
+        world, published = copied or read_store(match.group("host").strip("[]"), int(match.group("port")),
+                                                timeout_s)
     except Exception:
         return  # the store is gone or unreachable: what this host has is the answer
     missing = set(made.missing_ranks)
@@ -150,7 +152,41 @@ def _latest_ended(found: host_jobs.HostJobs) -> JobTarget:
     return _job(last.job_id, [], stale, last)
 
 
+def copied_store(job_id: str, store: str, live: list[Endpoint]) -> tuple[int, list[Endpoint]] | None:
+    """The world size and every endpoint of *job_id*, as this host's node agent copied them from
+    its store at *store* (``store.json``), where the copy names this host's *live* ranks as they
+    are (a restart makes new endpoints: then the store is read again); None otherwise."""
+    copy = jobrecord.read_store_copy(job_id) if discovery.is_safe_job_id(job_id) else None
+    if copy is None or copy[0] != store:
+        return None
+    _store, world, endpoints = copy
+    by_rank = {e.rank: e for e in endpoints if e.job_id == job_id}
+    if len(by_rank) < world or any((by_rank[e.rank].pid, by_rank[e.rank].port) != (e.pid, e.port)
+                                   for e in live if e.rank in by_rank):
+        return None
+    return world, [by_rank[r] for r in sorted(by_rank)]
+
+
+def _from_local_copy(target: str) -> JobTarget | None:
+    """The job published at *target* ("MASTER_ADDR:PORT") where this host runs live ranks of it
+    and its node agent kept the store's copy: no torch to import, no store to ask."""
+    found = host_jobs.scan(elsewhere=False)
+    for job_id, live in sorted(found.live.items()):
+        if any(e.store == target for e in live) and (copied := copied_store(job_id, target, live)):
+            world, published = copied
+            mine = {e.rank for e in live}
+            every = live + [e for e in published if e.rank not in mine]
+            made = _job(job_id, sorted(every, key=lambda e: e.rank), [])
+            made.world_size = max(made.world_size, world)
+            made.via_agents = agents.via_agents(remote=True)
+            return made
+    return None
+
+
 def _from_store(target: str, timeout_s: float) -> JobTarget:
+    local = _from_local_copy(target)
+    if local is not None:
+        return local
     match = _HOST_PORT.match(target)
     assert match is not None
     host, port = match.group("host").strip("[]"), int(match.group("port"))

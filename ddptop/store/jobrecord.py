@@ -5,22 +5,28 @@ agent at start, at every rank exit and at the end); beside it the agent's record
 :mod:`ddptop.agent.recording`). Ended jobs stay listed by ``ddptop jobs`` and readable by
 ``doctor``, ``replay`` and ``export`` until retention prunes them: oldest first, by age and
 by the total size of all record directories (``DDPTOP_KEEP_DAYS``, ``DDPTOP_KEEP_MB``).
+
+A job of several hosts also leaves ``store.json`` there: every rank's endpoint as the agent
+read them from the job's TCPStore once all were published. A viewer on this host then needs
+no store read of its own (the store's client is torch's: seconds to import, half a minute on
+a busy machine) to see the whole job.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import msgspec
 
 from ddptop.store import discovery, job_token
-from ddptop.store.discovery import pid_alive, private_write
+from ddptop.store.discovery import Endpoint, pid_alive, private_write
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +34,8 @@ JOBS_DIR = "jobs"
 RECORD_DIR_ENV = "DDPTOP_RECORD_DIR"  # record directories elsewhere than the runtime dir (a bigger disk)
 RECORD_FILE = "job.json"
 MAX_RECORD_BYTES = 4 * 1024 * 1024  # a job.json is a few KB; anything huge is not ours
+STORE_COPY_FILE = "store.json"
+MAX_STORE_COPY_BYTES = 64 * 1024 * 1024  # ~350 bytes a rank: 32,768 ranks take 12 MB
 DEFAULT_KEEP_DAYS = 7.0
 DEFAULT_KEEP_MB = 1024.0
 
@@ -99,6 +107,28 @@ def read_record(job_id: str) -> JobRecord | None:
     try:
         return _read(job_dir(job_id) / RECORD_FILE)
     except ValueError:
+        return None
+
+
+def write_store_copy(job_id: str, store: str, world_size: int, endpoints: list[Endpoint]) -> None:
+    """``store.json``: what the job's store at *store* ("MASTER_ADDR:PORT") held, every rank's
+    endpoint (atomically, 0600)."""
+    data = {"store": store, "world_size": world_size, "endpoints": [asdict(e) for e in endpoints]}
+    private_write(job_dir(job_id, create=True) / STORE_COPY_FILE, json.dumps(data).encode())
+
+
+def read_store_copy(job_id: str) -> tuple[str, int, list[Endpoint]] | None:
+    """The store's address, the world size and the endpoints of *job_id*'s ``store.json``
+    (None: there is none, or it cannot be read)."""
+    try:
+        data = discovery.private_read(job_dir(job_id) / STORE_COPY_FILE, MAX_STORE_COPY_BYTES)
+        if data is None:
+            return None
+        copy = json.loads(data)
+        endpoints = [Endpoint.from_json(json.dumps(e)) for e in copy["endpoints"]]
+        return str(copy["store"]), int(copy["world_size"]), endpoints
+    except (ValueError, KeyError, TypeError) as exc:
+        log.debug("ignoring the unreadable store copy of %s: %s", job_id, exc)
         return None
 
 
