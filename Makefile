@@ -57,7 +57,10 @@ sysdeps:
 # could find a new counterexample on one run in ten, and a red run is then not the change's.
 # `make hashseeds` walks the property tests under other seeds: run it before a change to
 # ddptop/diagnosis or ddptop/model lands.
-test: $(STAMP) lint typecheck contracts sysdeps
+# The checks and the services' install run side by side (-j: mypy, ruff and import-linter each
+# use one core, apt waits on the disk), then the suite.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j4 lint typecheck contracts sysdeps
 	PYTHONHASHSEED=0 $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15 -m "not long"
 
 HASHSEEDS ?= 1 2 3 4 5 6 7 8

@@ -97,6 +97,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.snapshot_report = str(report)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Real jobs first (marker "slow"), the short tests after: xdist hands out tests in this order,
+    # and the short ones then fill the workers' last minutes, where a job of a minute or three
+    # (tests/test_resource_e2e.py) left at the end held the whole run for it. Stable: the order
+    # within each kind is the files' own.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
+
+
 _SESSION_DIRS = pytest.StashKey[SessionDirs]()
 _HERMETIC_FAILURES = pytest.StashKey[tuple[list[str], list[str]]]()
 

@@ -100,7 +100,9 @@ def test_record_sigsegv_rank_and_killed_recorder(job_runner: JobRunner, tmp_path
         assert res.returncode == 0 and "recording of job" in res.stdout, res.stderr
 
 
-@pytest.mark.parametrize("via", ["ranks", "agent"])
+# Through the node agents: the agent lane walked in `make test` by tests/test_agent_e2e.py; this
+# variant in `make test-long`.
+@pytest.mark.parametrize("via", ["ranks", pytest.param("agent", marks=pytest.mark.long)])
 def test_export_live_four_rank_job(via: str, job_runner: JobRunner, tmp_path: Path) -> None:
     """The same bundle whether the viewer asks each rank or the node agent for all of them."""
     job = job_runner.start("healthy", nproc=4, env={"PROBE_SECONDS": "40", "DDPTOP_VIA": via, **CANARIES})

@@ -114,8 +114,10 @@ def test_training_loader_steps_epoch_batch(job_runner: JobRunner, tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lightning", *(pytest.param(n, marks=pytest.mark.long)
-                                                 for n in ("hf_trainer", "fsdp2", "plain_accum_compile"))])
+# All in `make test-long`: in `make test` the rule is walked by F5 (tests/test_probes_e2e.py) and
+# each real framework's training loader by test_training_loader_steps_epoch_batch.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long)
+                                  for n in ("lightning", "hf_trainer", "fsdp2", "plain_accum_compile")])
 def test_planted_unequal_training_split_is_flagged(job_runner: JobRunner, tmp_path: Path, name: str) -> None:
     """Rank 1's training loader is shorter: doctor names it as unequal_batches."""
     case = CASES[name]

@@ -120,6 +120,8 @@ def test_sigsegv_then_export_and_replay(job_runner: JobRunner, tmp_path: Any) ->
     assert res.returncode == 1 and json.loads(res.stdout)["findings"][0]["ranks"][0] == 1, res.stdout
 
 
+# A SIGKILLed rank named first: in make test, tests/test_wait_chains_e2e.py's killed rank and stage.
+@pytest.mark.long
 def test_sigkill_from_outside(job_runner: JobRunner) -> None:
     job = job_runner.start("rank_dies", nproc=4, interval=INTERVAL, env=death("wait_for_kill"))
     m = job.wait_log(r"rank 2: step (\d+): waiting to be killed \(pid (\d+)\)", timeout=60)
@@ -134,7 +136,7 @@ def test_sigkill_from_outside(job_runner: JobRunner) -> None:
     assert ended[2]["signal"] == "SIGKILL", ended[2]
 
 
-@pytest.mark.long  # a SIGKILL's ending: test_sigkill_from_outside in make test
+@pytest.mark.long  # a SIGKILL's ending: tests/test_wait_chains_e2e.py's killed rank and stage in make test
 def test_a_rank_torchrun_reaped_first_ends_as_torchrun_saw_it(job_runner: JobRunner) -> None:
     """The node agent reads a dead rank's wait status from its zombie, and torchrun may reap it
     first (seen in CI on a loaded machine: the rank read ``lost``). Here the agent is held

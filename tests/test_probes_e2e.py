@@ -130,11 +130,12 @@ def report(name: str, **values: float | str) -> None:
 
 def test_unseeded_split_unequal_batches_then_mismatch(job_runner: JobRunner) -> None:
     """F5: unequal batch counts named within 2 s of the first batch, the mismatch within 10 s."""
-    # 0.1 s per step: the shortest rank's epoch lasts several seconds, so "named before any
-    # rank runs out" is a property of ddptop, not a race against a loaded CI machine.
+    # 0.2 s per step: the shortest rank's epoch lasts 8 s or more (the split's fewest batches is
+    # about 40), so "named before any rank runs out" is a property of ddptop, not a race against
+    # a loaded CI machine, where one doctor took seconds to start (at 0.1 s a step it once lost).
     job = job_runner.start("unseeded_split", nproc=4, interval=INTERVAL,
-                           env={"PROBE_SECONDS": "45", "PROBE_PG_TIMEOUT": "40",
-                                "PROBE_STEP_SLEEP": "0.1"})
+                           env={"PROBE_SECONDS": "50", "PROBE_PG_TIMEOUT": "40",
+                                "PROBE_STEP_SLEEP": "0.2"})
     snap = job.wait_for(lambda s: len(s["ranks"]) == 4
                         and all(r["batch"] >= 1 for r in s["ranks"]), timeout=60, interval=0.1)
     first_batches = time.monotonic()

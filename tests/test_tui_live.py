@@ -39,7 +39,9 @@ def statuses(app: DdptopApp) -> dict[int, str]:
     return {r.rank: r.status for r in app.query_one(RankTable).shown_rows}
 
 
-@pytest.mark.parametrize("via", ["ranks", "agent"])
+# Through the node agents: the same table and keys, the agent lane walked in `make test` by
+# tests/test_agent_e2e.py (every verb through one connection per node); this variant in `make test-long`.
+@pytest.mark.parametrize("via", ["ranks", pytest.param("agent", marks=pytest.mark.long)])
 def test_rows_detail_sort_filter_and_killed_rank_turns_lost(via: str, job_runner: JobRunner,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The same dashboard whether it connects to every rank or once to the node agent."""
