@@ -18,18 +18,23 @@ WORKERS ?= 3
 # say why. Never fails the build.
 SYSDEPS := slurmctld slurmd slurm-client munge
 
-# DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) the first time a job
-# initialises it: about a minute of two cores. Built once here, into the venv, where
-# tests/test_deepspeed_e2e.py points its jobs (tests/deepspeed_op.py says why and how).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q -e ".[test]"
-	$(BIN)/python -m tests.deepspeed_op
 	touch $(STAMP)
 
-venv: $(STAMP)
+# DeepSpeed compiles its CPU shared-memory op (deepspeed_shm_comm) the first time a job
+# initialises it: about a minute of two cores. Built once here, into the venv, where
+# tests/test_deepspeed_e2e.py points its jobs (tests/deepspeed_op.py says why and how);
+# `make test` builds it beside the checks.
+DS_OP := $(VENV)/torch-extensions/deepspeed_shm_comm/deepspeed_shm_comm.so
+$(DS_OP): $(STAMP)
+	$(BIN)/python -m tests.deepspeed_op
+	touch $@
+
+venv: $(STAMP) $(DS_OP)
 
 demo: $(STAMP)
 	$(BIN)/ddptop demo
@@ -43,7 +48,7 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) $(DS_OP)
 	$(BIN)/pytest -q -m "not slow" -n $(WORKERS) --dist loadgroup
 
 sysdeps:
@@ -57,10 +62,10 @@ sysdeps:
 # could find a new counterexample on one run in ten, and a red run is then not the change's.
 # `make hashseeds` walks the property tests under other seeds: run it before a change to
 # ddptop/diagnosis or ddptop/model lands.
-# The checks and the services' install run side by side (-j: mypy, ruff and import-linter each
-# use one core, apt waits on the disk), then the suite.
+# The checks, the services' install and DeepSpeed's op build run side by side (-j: mypy, ruff
+# and import-linter each use one core, apt waits on the disk), then the suite.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j4 lint typecheck contracts sysdeps
+	$(MAKE) --no-print-directory -j4 lint typecheck contracts sysdeps $(DS_OP)
 	PYTHONHASHSEED=0 $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15 -m "not long"
 
 HASHSEEDS ?= 1 2 3 4 5 6 7 8
@@ -75,7 +80,7 @@ hashseeds: $(STAMP)
 # hosts). Not in `make test`, which CI runs within 15 minutes on a 2-core machine; run them
 # before a change to the viewer's, the agents' or the diagnosis' hot paths, or to the
 # code a variant exercises, lands.
-test-long: $(STAMP)
+test-long: $(STAMP) $(DS_OP)
 	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15 -m long
 
 bench: $(STAMP)

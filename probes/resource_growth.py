@@ -10,8 +10,8 @@
   without saving); rank 1's DataLoader workers cache each sample in /dev/shm until the
   write fails, which ends the rank;
 * ``healthy``: a warm-up that allocates ``PROBE_WARMUP_MB`` over its first 10 s then keeps
-  it, a per-step sawtooth up to ``PROBE_SAW_MB`` (a quarter more each step, freed every
-  fifth), and checkpoints that replace the last one, until ``PROBE_SECONDS`` or a release file.
+  it, a per-step sawtooth of ``PROBE_SAW_MB`` allocated and freed, and checkpoints that
+  replace the last one, until ``PROBE_SECONDS`` or a release file.
 """
 
 from __future__ import annotations
@@ -91,7 +91,6 @@ def main() -> None:
     start = last_save = last_leak = time.monotonic()
     warm_mb = float(os.environ.get("PROBE_WARMUP_MB", "0"))
     saw_mb = float(os.environ.get("PROBE_SAW_MB", "0"))
-    saw: list[bytearray] = []
     t = torch.ones(1, device=device)
     step, end = 0, deadline()
     while time.monotonic() < end:
@@ -105,13 +104,8 @@ def main() -> None:
         if grow == "healthy" and rank == 0:
             while len(kept) * 10 < warm_mb * min(1.0, (now - start) / 10):
                 kept.append(_touch(10 * MB))
-            # The sawtooth of a step's activations: a quarter of PROBE_SAW_MB more each step, all
-            # freed every fifth. Held across steps, so the samples see it (one allocated and freed
-            # within a step was seldom sampled, and touched 2x the pages for it).
-            if step % 5 == 0:
-                saw.clear()
-            elif saw_mb:
-                saw.append(_touch(int(saw_mb * MB / 4)))
+            saw = _touch(int(saw_mb * MB * (step % 5) / 4)) if saw_mb else None
+            del saw
         if saving and now - last_save >= every:
             last_save = now
             try:

@@ -28,12 +28,17 @@ BIN = Path(sys.executable).parent
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll *predicate* until it holds; fail naming *what* after *timeout* seconds."""
+    """Poll *predicate* until it holds; fail naming *what* after *timeout* seconds.
+
+    A predicate that runs a ddptop verb (a process, an import, a look at the job) is given a
+    pause of half its own time before the next call: back to back such polls kept a core busy
+    beside the job they waited on, on a 2-core machine whose suite is bound by CPU."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        began = time.monotonic()
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(max(0.05, min(1.0, (time.monotonic() - began) / 2)))
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,50 +23,23 @@ from pathlib import Path
 import pytest
 
 from ddptop.proctree import stop_tree
+from tests import cgroups
 from tests.jobs import BIN, PROBES, JobRunner, ddptop_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
 LIMIT = 1536 << 20  # torchrun and two ranks with torch fit in about 1 GiB; the leak does not
-V1 = Path("/sys/fs/cgroup/memory")
+V1 = cgroups.V1
 
 
 @pytest.fixture
 def memory_cgroup() -> Iterator[Path]:
-    """A fresh cgroup v1 memory cgroup with a limit and no swap; removed at the end."""
+    """A fresh cgroup v1 memory cgroup with a limit and no swap (its OOM count is read from v1's
+    ``memory.oom_control``); removed at the end."""
     if not (V1 / "cgroup.procs").is_file():
         pytest.skip("no cgroup v1 memory controller mounted at /sys/fs/cgroup/memory")
-    path = V1 / f"ddptop-test-{uuid.uuid4().hex[:8]}"
-    try:
-        path.mkdir()
-        (path / "memory.limit_in_bytes").write_text(str(LIMIT))
-    except OSError as exc:
-        if path.exists():
-            path.rmdir()
-        pytest.skip(f"cannot make a memory cgroup here: {exc.strerror or exc}")
-    for name, value in (("memory.swappiness", "0"), ("memory.memsw.limit_in_bytes", str(LIMIT))):
-        try:
-            (path / name).write_text(value)
-        except OSError:
-            pass  # no swap accounting: with no swap on the machine the limit holds anyway
-    try:
+    with cgroups.memory_cgroup(LIMIT) as path:
         yield path
-    finally:
-        def empty() -> bool:
-            return not (path / "cgroup.procs").read_text().split()
-        for pid in (path / "cgroup.procs").read_text().split():
-            try:
-                os.kill(int(pid), 9)
-            except ProcessLookupError:
-                pass
-        wait_until(empty, 30, "the test cgroup to be empty")
-        deadline = time.monotonic() + 10
-        while path.exists() and time.monotonic() < deadline:
-            try:
-                path.rmdir()
-            except OSError:
-                time.sleep(0.1)
-        assert not path.exists(), f"cgroup {path} left behind"
 
 
 # Both in `make test-long`: an OOM kill in a memory cgroup named from the kernel's word is walked

@@ -201,6 +201,9 @@ def test_skipped_collective_names_the_skipping_rank_as_one_story(job_runner: Job
     assert failed <= set(f["victims"]), (failed, f)
 
 
+# install() and its black box without ddptop launch: in `make test`, tests/test_slurm.py's srun
+# jobs that call install() first (seen live, then named by their exit status and message).
+@pytest.mark.long
 def test_install_without_launcher_keeps_a_black_box_too(job_runner: JobRunner) -> None:
     # `import ddptop; ddptop.install()` in the script, plain torchrun: local rank 0 spawns
     # the node agent, which outlives the ranks like `ddptop launch` does.

@@ -90,6 +90,7 @@ def poll_doctor(job: RunningJob, until: Callable[[DoctorRun], bool], timeout: fl
     seen = DoctorPoll()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        began = time.monotonic()
         try:
             run = doctor(job, watch)
         except subprocess.TimeoutExpired:
@@ -97,7 +98,7 @@ def poll_doctor(job: RunningJob, until: Callable[[DoctorRun], bool], timeout: fl
         seen.runs.append(run)
         if until(run):
             return run, seen
-        time.sleep(0.1)
+        time.sleep(max(0.1, min(1.0, (time.monotonic() - began - watch) / 2)))  # see jobs.wait_until
     raise AssertionError(f"doctor did not report it within {timeout}s:\n{seen.describe()}\n"
                          f"log:\n{job.log()[-3000:]}")
 

@@ -19,62 +19,20 @@ import json
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddptop.proctree import stop_tree
+from tests.cgroups import memory_cgroup
 from tests.jobs import BIN, PROBES, ROOT, JobRunner, ddptop_cmd, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resource-trends")]
 
-V1 = Path("/sys/fs/cgroup/memory")
-V2 = Path("/sys/fs/cgroup")
 HEALTHY_WATCH_S = 180.0
-
-
-@contextmanager
-def memory_cgroup(limit: int) -> Iterator[Path]:
-    """A memory cgroup of this test (v1, else v2) with *limit* and no swap; removed at the end."""
-    v1 = (V1 / "cgroup.procs").is_file()
-    control = V2 / "cgroup.subtree_control"
-    if not v1 and not (control.is_file() and "memory" in control.read_text(errors="replace").split()):
-        pytest.skip("no memory cgroup controller (v1 at /sys/fs/cgroup/memory, or v2 delegated here)")
-    path = (V1 if v1 else V2) / f"ddptop-test-{uuid.uuid4().hex[:8]}"
-    try:
-        path.mkdir()
-        (path / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit))
-    except OSError as exc:
-        if path.exists():
-            path.rmdir()
-        pytest.skip(f"cannot make a memory cgroup here: {exc.strerror or exc}")
-    for name, value in (("memory.swappiness", "0"), ("memory.memsw.limit_in_bytes", str(limit)),
-                        ("memory.swap.max", "0")):
-        try:
-            (path / name).write_text(value)
-        except OSError:
-            pass  # no swap accounting: with no swap on the machine the limit holds anyway
-    try:
-        yield path
-    finally:
-        for pid in (path / "cgroup.procs").read_text().split():
-            try:
-                subprocess.run(["kill", "-9", pid], check=False, capture_output=True, timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        wait_until(lambda: not (path / "cgroup.procs").read_text().split(), 30, "the test cgroup to be empty")
-        deadline = time.monotonic() + 10
-        while path.exists() and time.monotonic() < deadline:
-            try:
-                path.rmdir()
-            except OSError:
-                time.sleep(0.1)
-        assert not path.exists(), f"cgroup {path} left behind"
 
 
 class Watched:
@@ -231,7 +189,9 @@ def test_a_healthy_job_is_never_warned(healthy: Watched) -> None:
     wait_until(watched_long_enough, HEALTHY_WATCH_S + 120,
                f"{HEALTHY_WATCH_S:.0f} s of looks at the healthy job")
     looks = healthy.seen()
-    assert all(look["running"] == 2 for look in looks[3:]), looks[-3:]
+    # Both ranks lived through the watch: running, or late with a sample (stale) while the
+    # suite's other jobs load the machine; never ended.
+    assert all(look["alive"] == 2 for look in looks[3:]), [look for look in looks if look["alive"] != 2][:3]
     # Its own limits only: the host's memory is shared with the leaking job beside it (and with
     # whatever else runs on the machine), whose rise a host forecast rightly reports.
     warned = [look for look in looks if any(f[4] != "host memory" for f in look["findings"])]

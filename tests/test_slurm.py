@@ -141,6 +141,9 @@ def test_a_time_limit_is_named_as_such(cluster: slurm.Cluster, job_runner: JobRu
     assert "time limit" in str(first["title"]) and first["severity"] == "warning", first
 
 
+# A launch-path variant in `make test-long`: srun's own tasks are the path of `make test`, the
+# black box and a wedged rank's stack under torchrun are tests/test_stacks_outside.py's.
+@pytest.mark.long
 def test_torchrun_per_node_under_srun_keeps_the_black_box_and_reads_a_wedged_rank(
         cluster: slurm.Cluster, job_runner: JobRunner, tmp_path: Path) -> None:
     """`srun --ntasks-per-node=1 ddptop launch -- torchrun ...`: the launcher is SLURM's task,

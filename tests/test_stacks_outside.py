@@ -244,7 +244,10 @@ def test_wedged_rank_named_with_its_frame(use_pyspy: bool, job_runner: JobRunner
     assert not stuck.exists()
 
 
-@pytest.mark.parametrize("use_pyspy", [False, pytest.param(True, marks=pytest.mark.long)],
+# Both in `make test-long`: a stopped rank named "stopped" is walked in `make test` by
+# tests/test_agent_e2e.py::test_a_stopped_rank_is_named_through_the_agent.
+@pytest.mark.parametrize("use_pyspy", [pytest.param(False, marks=pytest.mark.long),
+                                       pytest.param(True, marks=pytest.mark.long)],
                          ids=["no-pyspy", "pyspy"])
 def test_stopped_rank_named_stopped(use_pyspy: bool, job_runner: JobRunner) -> None:
     env = pyspy_env(use_pyspy)

@@ -1,7 +1,8 @@
 """Watch a job through ``ddptop.api.watch`` and print each look's resource forecasts, one JSON line a look.
 
 ``python tests/watch_resources.py JOB [SECONDS]``, in the job's environment (its runtime dir).
-Each line: ``{"t": wall clock, "running": ranks running, "findings": [[kind, severity, ranks,
+Each line: ``{"t": wall clock, "running": ranks running, "alive": ranks not ended, "statuses":
+[...], "findings": [[kind, severity, ranks,
 eta_s, resource], ...]}`` for the ``*_exhaustion`` findings only. Waits for the job to appear,
 ends with the job (or after SECONDS, 300 by default). Run and stopped by tests/test_resource_e2e.py.
 """
@@ -14,6 +15,7 @@ import time
 
 from ddptop import api
 from ddptop.errors import DdptopError
+from ddptop.status import ENDED
 
 KINDS = ("memory_exhaustion", "shm_exhaustion", "disk_exhaustion")
 
@@ -29,9 +31,13 @@ def main() -> int:
                           f.forecast.resource if f.forecast else ""]
                          for f in look.findings.findings if f.kind in KINDS]
                 running = sum(1 for s in look.snapshot.ranks if s.status == "running")
+                # Alive: running, or late with a sample on a loaded machine (stale), not ended
+                alive = sum(1 for s in look.snapshot.ranks if s.status not in ENDED)
                 ran = ran or running > 0
                 if ran:
-                    print(json.dumps({"t": time.time(), "running": running, "findings": found}), flush=True)
+                    print(json.dumps({"t": time.time(), "running": running, "alive": alive,
+                                      "statuses": sorted(str(s.status) for s in look.snapshot.ranks),
+                                      "findings": found}), flush=True)
                 if time.monotonic() > end:
                     return 0
             if ran:
