@@ -246,8 +246,10 @@ def test_segfault_rank_lost_with_signal(job_runner: JobRunner) -> None:
 
 def test_dataloader_contention(job_runner: JobRunner) -> None:
     """F3: workers x local ranks > cores, rank 1 input-bound and the one the others wait for."""
+    # Bounds for a machine the suite's other jobs load as well (real-job tests run first, side
+    # by side): there one doctor took 10 s, and the data-wait window filled in more than 40 s.
     job = job_runner.start("dataloader_contention", nproc=2, interval=INTERVAL,
-                           env={"PROBE_SECONDS": "45", "PROBE_PG_TIMEOUT": "30", "PROBE_WORKERS": "2"})
+                           env={"PROBE_SECONDS": "120", "PROBE_PG_TIMEOUT": "30", "PROBE_WORKERS": "2"})
     snap = job.wait_for(lambda s: len(s["ranks"]) == 2 and all(r["step"] >= 5 for r in s["ranks"]),
                         timeout=60, interval=0.5)
     cores = snap["ranks"][0]["cpu_count"]
@@ -258,7 +260,7 @@ def test_dataloader_contention(job_runner: JobRunner) -> None:
             cores >= 4 or bool(r.of("cpu_oversubscribed")))
 
     # Progress rules wait out the start-up (warmup) and need a window of samples.
-    run, _ = poll_doctor(job, complete, timeout=40, watch=1.0)
+    run, _ = poll_doctor(job, complete, timeout=100, watch=1.0)
     found_after = time.monotonic() - trained
     (bound,) = run.of("input_bound")
     assert 1 in bound["ranks"], bound
@@ -273,12 +275,12 @@ def test_dataloader_contention(job_runner: JobRunner) -> None:
 
 def test_straggler(job_runner: JobRunner) -> None:
     """One rank persistently slower in compute: named as the straggler, not as input-bound."""
-    job = job_runner.start("straggler", nproc=3, interval=INTERVAL,
-                           env={"PROBE_SECONDS": "45", "PROBE_PG_TIMEOUT": "30"})
+    job = job_runner.start("straggler", nproc=3, interval=INTERVAL,  # bounds: as for F3 above
+                           env={"PROBE_SECONDS": "120", "PROBE_PG_TIMEOUT": "30"})
     job.wait_for(lambda s: len(s["ranks"]) == 3 and all(r["step"] >= 5 for r in s["ranks"]),
                  timeout=60, interval=0.5)
     trained = time.monotonic()
-    run, _ = poll_doctor(job, lambda r: bool(r.of("straggler")), timeout=30, watch=1.0)
+    run, _ = poll_doctor(job, lambda r: bool(r.of("straggler")), timeout=100, watch=1.0)
     found_after = time.monotonic() - trained
     (finding,) = run.of("straggler")
     assert finding["ranks"] == [1], finding
