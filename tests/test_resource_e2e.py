@@ -112,9 +112,13 @@ def healthy(runner: JobRunner) -> Iterator[Watched]:
 
 @pytest.fixture(scope="module")
 def leak(runner: JobRunner, healthy: Watched) -> Iterator[tuple[Watched, Path]]:
-    """Started with the others (the three run at once): rank 1 fills its cgroup's headroom in 120 s."""
+    """Started with the others (the three run at once): rank 1 fills its cgroup's headroom in 150 s.
+
+    A rank is judged from 30 s on, so the earliest warning is about 40 s in; at 120 s the lead
+    over the kill was about 72 s against the test's 60, thin on a loaded machine. 150 s ends
+    within the healthy job's watch, so the module takes no longer."""
     with memory_cgroup(1536 << 20) as cg:
-        job = Watched(runner, "oom", {"PROBE_GROW": "memory", "PROBE_DIE_RANK": "1", "PROBE_FILL_S": "120"},
+        job = Watched(runner, "oom", {"PROBE_GROW": "memory", "PROBE_DIE_RANK": "1", "PROBE_FILL_S": "150"},
                       f"echo $$ > {cg / 'cgroup.procs'} &&", seconds=240)
         try:
             yield job, cg
