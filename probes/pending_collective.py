@@ -1,7 +1,8 @@
 """A collective that stays pending: rank 1 arrives late at an all_gather.
 
-Every rank trains PROBE_STEPS DDP steps, then idles PROBE_IDLE_S seconds without any
-collective (a rank that is merely idle must not show a pending op), then every rank but
+Every rank trains PROBE_STEPS DDP steps, then idles without any collective (a rank that is
+merely idle must not show a pending op) until the test releases it (``$PROBE_RELEASE``, see
+``common.hold_until_released``; without it, at once), then every rank but
 rank 1 enters ``all_gather`` while rank 1 sleeps PROBE_HOLD_S seconds first, so the
 others wait inside the collective (gloo: ``gloo:all_gather``, nccl: ``nccl:all_gather``).
 Ends by itself within PROBE_SECONDS. Run: ``torchrun --nproc-per-node 2 probes/pending_collective.py``.
@@ -17,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 import torch.distributed as dist
-from common import deadline, setup, small_model, step_sleep, train_step, wrap_ddp
+from common import deadline, hold_until_released, setup, small_model, step_sleep, train_step, wrap_ddp
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -39,7 +40,9 @@ def main() -> None:
         train_step(model, opt, x, y, device)
         time.sleep(pause)
     print(f"rank {rank}: trained {steps} steps, idling", flush=True)
-    time.sleep(float(os.environ.get("PROBE_IDLE_S", "0")))
+    # Released by the test once it has seen the idle state: an idle window of fixed length
+    # could end before a loaded machine's poll looked at it
+    hold_until_released(end)
     if rank == 1:
         hold = float(os.environ.get("PROBE_HOLD_S", "3600"))
         time.sleep(max(0.0, min(hold, end - time.monotonic())))

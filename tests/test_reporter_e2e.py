@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,9 @@ def test_every_field_of_a_four_rank_ddp_job(job_runner: JobRunner) -> None:
 @pytest.mark.slow
 def test_pending_collective_age_and_stacks(job_runner: JobRunner) -> None:
     """Idle ranks show nothing pending; ranks waiting for a late peer show the op and its age."""
+    release = job_runner.tmp / f"release-{uuid.uuid4().hex[:6]}"
     job = job_runner.start("pending_collective", nproc=2,
-                           env={"PROBE_SECONDS": "60", "PROBE_IDLE_S": "6", "PROBE_STEPS": "5"})
+                           env={"PROBE_SECONDS": "60", "PROBE_RELEASE": str(release), "PROBE_STEPS": "5"})
 
     def idle_long_enough(s: dict[str, Any]) -> bool:
         # Both ranks finished training and seq has not moved for > FR read delay (2 s).
@@ -142,6 +144,7 @@ def test_pending_collective_age_and_stacks(job_runner: JobRunner) -> None:
     for s in idle["ranks"]:
         assert _default_group(s)["pending"] == [], f"idle rank {s['rank']} shows a pending op"
     idle_seq = _default_group(_ranks(idle)[0])["seq"]
+    release.touch()  # the ranks idle until now: the state above is an idle one, not a race
 
     def waiting(s: dict[str, Any]) -> bool:
         r0 = _ranks(s).get(0)
