@@ -90,6 +90,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_SESSION_DIRS] = SessionDirs.start()
     # Ranks and viewers started by tests must never pick up a developer's token.
     os.environ.pop("DDPTOP_TOKEN", None)
+    # The probes' pace between steps (ddptop/_demo/train_common.step_sleep: 0.02 s, kept for
+    # the demo): at 0.02 a two-rank job used 0.37 of a core while it trained, at 0.05 it uses
+    # 0.15, and the suite runs a job on every worker at once on two cores. A test whose story
+    # needs another pace sets PROBE_STEP_SLEEP itself.
+    os.environ.setdefault("PROBE_STEP_SLEEP", "0.05")
     # pytest-textual-snapshot writes its HTML report of failed snapshots into the current
     # directory (the checkout) unless told otherwise: send it to the temp dir instead.
     if config.getoption("--snapshot-report", None) == SNAPSHOT_REPORT_DEFAULT:

@@ -19,8 +19,9 @@ from tests.jobs import JobRunner, ddptop_cmd
 FIELDS = {"kind", "severity", "ranks", "title", "evidence", "remedy"}
 
 
-def test_doctor_healthy_job_json_exit_0(job_runner: JobRunner) -> None:
-    job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "40"})
+def test_doctor_healthy_job_json_and_table_exit_0(job_runner: JobRunner) -> None:
+    """One healthy job, read as JSON and as the table (a job each cost the suite 13 CPU-s)."""
+    job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "60"})
     job.wait_ranks(2, timeout=60)
     res = job.run_cli("doctor", "--json", "--watch", "5", job.job_id, timeout=60)
     assert res.returncode == 0, f"rc {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
@@ -31,10 +32,6 @@ def test_doctor_healthy_job_json_exit_0(job_runner: JobRunner) -> None:
         assert set(f) >= FIELDS and f["kind"] in KINDS and f["severity"] == "info"
     msgspec.json.decode(res.stdout.encode(), type=FindingsReport)
 
-
-def test_doctor_table_output(job_runner: JobRunner) -> None:
-    job = job_runner.start("healthy", nproc=2, env={"PROBE_SECONDS": "30"})
-    job.wait_ranks(2, timeout=60)
     res = job.run_cli("doctor", "--watch", "3", job.job_id, timeout=60)
     assert res.returncode == 0, res.stderr
     # The healthy probe does not seed numpy: an info-level rng_divergence may be listed.

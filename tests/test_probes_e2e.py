@@ -276,7 +276,8 @@ def test_dataloader_contention(job_runner: JobRunner) -> None:
 def test_straggler(job_runner: JobRunner) -> None:
     """One rank persistently slower in compute: named as the straggler, not as input-bound."""
     job = job_runner.start("straggler", nproc=3, interval=INTERVAL,  # bounds: as for F3 above
-                           env={"PROBE_SECONDS": "120", "PROBE_PG_TIMEOUT": "30"})
+                           env={"PROBE_SECONDS": "120", "PROBE_PG_TIMEOUT": "30",
+                                "PROBE_STEP_SLEEP": "0.02"})  # the pace the straggler's extra was tuned to
     job.wait_for(lambda s: len(s["ranks"]) == 3 and all(r["step"] >= 5 for r in s["ranks"]),
                  timeout=60, interval=0.5)
     trained = time.monotonic()
