@@ -18,7 +18,9 @@ from typing import Annotated
 
 import msgspec
 
-ENQUEUE_STRIDE = 8  # see CollectiveGroup.enqueue_times
+# Reporters before #57 sent only the seqs that are multiples of this; kept for readers of old
+# bundles and for tests that build states the old way (see CollectiveGroup.enqueue_times).
+ENQUEUE_STRIDE = 8
 
 # Length caps a decoder enforces before it builds anything: a frame of tiny list items
 # (one byte each in msgpack, a 56-byte list or a 24-byte float each once decoded) must
@@ -61,9 +63,10 @@ class CollectiveGroup(msgspec.Struct, gc=False, kw_only=True):
     timeout_s: float | None = None
     pending: Annotated[list[PendingOp], msgspec.Meta(max_length=MAX_ITEMS)] = []
     seq_changed_at: float = 0.0  # wall clock of the last observed seq advance
-    # (seq, wall clock the rank enqueued it) for seqs that are multiples of
-    # ENQUEUE_STRIDE: every rank reports the same seqs, so a viewer can see which rank
-    # enters each collective late (the straggler the others wait for).
+    # (seq, wall clock the rank enqueued it), seq ascending, for the seqs the reporter's enqueue
+    # timer saw move in its bursts: every rank bursts on the same wall-clock ticks and so reports
+    # the same seqs, and a viewer sees which rank enters each collective late (the straggler the
+    # others wait for).
     enqueue_times: Annotated[list[tuple[int, float]], msgspec.Meta(max_length=MAX_ITEMS)] = []
     # The last collectives the rank entered on this group, oldest first, from a fresh Flight
     # Recorder read: filled only in last words (exception, SIGTERM, exit), where a post-mortem
@@ -144,6 +147,11 @@ class ReporterStats(msgspec.Struct, gc=False, kw_only=True):
     clients: int = 0
     last_error: str = ""
     sample_cost_s: float = 0.0  # CPU time of the last sample, on the reporter thread
+    # The costliest sample after the first WARMUP samples (versions, environment, first reads):
+    # how long the reporter thread held the training thread's GIL at most, in one go (#57).
+    longest_sample_s: float = 0.0
+    fr_full_reads: int = 0  # full Flight Recorder dumps read (only while a group stood still)
+    timing_bursts: int = 0  # bursts of the enqueue timer (seq polls on shared wall-clock ticks)
     # What the rank's server refused its peers (see ddptop.net.limits).
     dropped_replies: int = 0  # replies not queued: the peer asked without reading
     rate_limited: int = 0  # requests over the per-connection rate

@@ -33,7 +33,7 @@ def test_late_entrant_is_named_the_straggler() -> None:
     s, h = with_times(4, slow=2)
     f = only(diagnose(s, h, NOW), "straggler")
     assert f.ranks == [2]
-    assert any(re.search(r"enters each collective 1[45]\d ms after the first rank", e)
+    assert any(re.search(r"enters collectives 1[45]\d ms after the first rank", e)
                for e in f.evidence), f.evidence
     assert "input_bound" not in kinds(diagnose(s, h, NOW))
 
@@ -55,7 +55,7 @@ def test_lateness_median_is_robust_to_one_slow_collective() -> None:
     seq, t = times[5]
     times[5] = (seq, t + 2.0)  # one checkpoint-sized hiccup is not a straggler
     late = entry_lateness(s, {0, 1, 2})
-    assert late[1].median_s < 0.01 and late[1].collectives == 40
+    assert late[1].late_s < 0.01 and late[1].collectives == 40
 
 
 def test_healthy_has_no_lateness_finding() -> None:
@@ -73,7 +73,7 @@ def test_lateness_compares_only_the_ranks_asked_for_wherever_they_sit() -> None:
     s, _ = with_times(4, slow=2)
     late = entry_lateness(s, {1, 2, 3})
     assert sorted(late) == [1, 2, 3]
-    assert 0.14 < late[2].median_s < 0.16 and late[1].median_s < 0.01
+    assert 0.14 < late[2].late_s < 0.16 and late[1].late_s < 0.01
 
 
 def test_a_rank_without_milestones_or_without_the_group_is_left_out() -> None:
@@ -84,14 +84,14 @@ def test_a_rank_without_milestones_or_without_the_group_is_left_out() -> None:
     s.ranks[3].collectives = []
     late = entry_lateness(s, {0, 1, 2, 3})
     assert sorted(late) == [0, 2]
-    assert 0.14 < late[2].median_s < 0.16
+    assert 0.14 < late[2].late_s < 0.16
 
 
 def test_two_ranks_are_enough_to_compare() -> None:
     """A two-rank job has a straggler to name (#14, #15: `< 2` -> `<= 2`, `< 3`)."""
     s, h = with_times(2, slow=1)
     late = entry_lateness(s, {0, 1})
-    assert sorted(late) == [0, 1] and 0.14 < late[1].median_s < 0.16
+    assert sorted(late) == [0, 1] and 0.14 < late[1].late_s < 0.16
     assert only(diagnose(s, h, NOW), "straggler").ranks == [1]
 
 
@@ -119,5 +119,29 @@ def test_lateness_names_the_seq_range_it_is_over() -> None:
     assert {(x.first_seq, x.last_seq, x.collectives) for x in late.values()} == {
         (2 * ENQUEUE_STRIDE, 40 * ENQUEUE_STRIDE, 39)}
     f = only(diagnose(s, h, NOW), "straggler")
-    assert any(f"(median over 39 collectives, seq {2 * ENQUEUE_STRIDE}-{40 * ENQUEUE_STRIDE})" in e
+    assert any(f"(a quarter or more of 39 collectives, seq {2 * ENQUEUE_STRIDE}-{40 * ENQUEUE_STRIDE})" in e
                for e in f.evidence), f.evidence
+
+
+def test_a_rank_late_in_every_other_collective_is_the_straggler() -> None:
+    """The probe's step: DDP's all-reduce (the slow rank enters it 150 ms late) and then a stop
+    flag all-reduced by every rank at once. A median over the two kinds flips with their mix;
+    the upper quartile names the rank late in half of them, by the amount it is late."""
+    s, h = with_times(3, slow=None, jitter_s=0.002)
+    g = s.ranks[1].collectives[0]
+    g.enqueue_times = [(seq, t + (0.15 if i % 2 else 0.0)) for i, (seq, t) in enumerate(g.enqueue_times)]
+    late = entry_lateness(s, {0, 1, 2})
+    assert 0.14 < late[1].late_s < 0.16 and late[0].late_s < 0.01 and late[2].late_s < 0.01
+    assert only(diagnose(s, h, NOW), "straggler").ranks == [1]
+
+
+def test_hiccups_scattered_over_two_healthy_ranks_name_nobody() -> None:
+    """A loaded machine: each of two healthy ranks is late by 100 ms now and then (a fifth of the
+    collectives between them), never most of the time: no straggler."""
+    s, h = with_times(2, slow=None, jitter_s=0.002)
+    rng = random.Random(7)
+    for r in (0, 1):
+        g = s.ranks[r].collectives[0]
+        g.enqueue_times = [(seq, t + (0.1 if rng.random() < 0.1 else 0.0)) for seq, t in g.enqueue_times]
+    assert all(v.late_s < 0.05 for v in entry_lateness(s, {0, 1}).values())
+    assert "straggler" not in kinds(diagnose(s, h, NOW))

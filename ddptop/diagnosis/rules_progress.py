@@ -136,7 +136,7 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
                                      if s.rank not in fresh and s.status == Status.RUNNING})
     if len(windows) < 2 and len(late) < 2:
         return []
-    late_sorted = sorted(v.median_s for v in late.values())
+    late_sorted = sorted(v.late_s for v in late.values())
     out: list[Finding] = []
     steps_sorted = sorted([w.step_time_s for w in windows.values() if w.step_time_s is not None])
     waits_sorted = sorted([w.data_wait for w in windows.values() if w.data_wait is not None])
@@ -159,13 +159,13 @@ def straggler(snapshot: JobSnapshot, histories: dict[int, list[Sample]], now: fl
                        f"(median over the last {config.window_s:.0f} s)")
         entry = late.get(rank)
         if entry is not None:
-            o_late = median_without(late_sorted, entry.median_s) or 0.0
+            o_late = median_without(late_sorted, entry.late_s) or 0.0
             step_s = step if step is not None else median(steps_sorted)
             enough = max(config.straggler_min_diff_s, config.straggler_late_share * (step_s or 0.0))
-            if entry.median_s - o_late >= enough and entry.median_s >= 2 * o_late:
-                share = f" ({entry.median_s / step_s:.0%} of a {step_s:.3f} s step)" if step_s else ""
-                why.append(f"enters each collective {entry.median_s * 1000:.0f} ms after the first rank "
-                           f"(median over {entry.collectives} collectives, seq {entry.first_seq}-"
+            if entry.late_s - o_late >= enough and entry.late_s >= 2 * o_late:
+                share = f" ({entry.late_s / step_s:.0%} of a {step_s:.3f} s step)" if step_s else ""
+                why.append(f"enters collectives {entry.late_s * 1000:.0f} ms after the first rank "
+                           f"(a quarter or more of {entry.collectives} collectives, seq {entry.first_seq}-"
                            f"{entry.last_seq}){share}; the others {o_late * 1000:.0f} ms")
         if not why:
             continue

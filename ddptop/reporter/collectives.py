@@ -15,24 +15,26 @@ seq) costs ~20 us. So a stalled group is first checked with the status dump, and
 full dump is read only when a stalled group has an op enqueued and not completed that
 the last full read did not see, at most ``FR_FULL_READS_PER_MIN`` times a minute
 whatever the number of groups. An idle group (everything it enqueued completed) never
-triggers a full read. Full dumps are decoded with typed msgspec structs (only the
-fields used), and enqueue milestones are taken only from entries not seen before.
+triggers a full read, and neither does a healthy job: the enqueue times that name a
+straggler are observed by :mod:`ddptop.reporter.enqueue_timer` (polled seqs, in bursts on
+shared wall-clock ticks), not read from a dump (#57). Full dumps are decoded with typed
+msgspec structs (only the fields used).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from ddptop.protocol import ENQUEUE_STRIDE, CollectiveGroup, PendingOp
+from ddptop.protocol import CollectiveGroup, PendingOp
+from ddptop.reporter.enqueue_timer import EnqueueTimer
 from ddptop.reporter.fr_read import (  # re-exported: where callers have always found them
     RECENT_PER_GROUP,
     FrDump,
     FrEntry,
     FrPgStatus,
     decode_fr,
-    enqueue_milestones,
-    milestones_of,
     pending_from_dump,
     pending_from_fr,
     read_fr_json,
@@ -41,13 +43,11 @@ from ddptop.reporter.fr_read import (  # re-exported: where callers have always 
 from ddptop.reporter.p2p_wait import blocked_p2p
 
 __all__ = ["RECENT_PER_GROUP", "CollectiveTracker", "FrDump", "FrEntry", "FrPgStatus", "decode_fr",
-           "enqueue_milestones", "milestones_of", "pending_from_dump", "pending_from_fr", "read_fr_json",
+           "pending_from_dump", "pending_from_fr", "read_fr_json",
            "recent_ops"]
 
 ENQUEUE_TIMES_KEPT = 64  # milestones per group sent to viewers (~1 KB)
-# Seqs the default group must advance before the first timing read (enough milestones).
-FIRST_TIMING_AFTER_SEQS = 8 * ENQUEUE_STRIDE
-# Full FR dumps per minute at most, pending and timing reads together.
+# Full FR dumps per minute at most (read only while a group stands still with an op in flight).
 FR_FULL_READS_PER_MIN = 6
 # Re-read spacing while stalled when this torch's FR has no per-group status.
 FR_STATUSLESS_REFRESH_S = 10.0
@@ -65,19 +65,19 @@ class CollectiveTracker:
     """Remembers when each group's seq last moved, and reads FR when one stalls."""
 
     def __init__(self, fr_after_s: float = 2.0, timing_every_s: float = 30.0,
-                 full_reads_per_min: int = FR_FULL_READS_PER_MIN) -> None:
+                 full_reads_per_min: int = FR_FULL_READS_PER_MIN,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         self.fr_after_s = fr_after_s
-        # A full FR dump costs tens of ms with the GIL held: timing reads are rare (and
-        # each one carries the enqueue times of up to 2000 past collectives).
+        # Seconds between the enqueue timer's bursts (0: no timer, no enqueue times).
         self.timing_every_s = timing_every_s
         self.full_reads_per_min = full_reads_per_min
+        self._on_error = on_error or (lambda exc: None)
+        self.timer: EnqueueTimer | None = None
         self._last_seq: dict[str, tuple[int, float]] = {}
         self._pending: dict[str, list[PendingOp]] = {}
         self._seen_enqueued: dict[str, int] = {}  # FR pg_id -> last enqueued at the last full read
         self._full_reads: deque[float] = deque()  # times of full reads in the last minute
         self._last_full_read = 0.0
-        self._last_timing_read = 0.0
-        self._last_record_id = -1  # FR entries up to this one were taken for milestones
         self._pg_ids: dict[str, str] = {}  # group name -> FR pg_id (learned from entries)
         self._unmapped: set[str] = set()  # groups the last full read showed no entry of
         self._milestones: dict[str, dict[int, float]] = {}
@@ -132,19 +132,15 @@ class CollectiveTracker:
             self._recent = {}
             self._status = {}
             self._p2p_seen = {}
-        read_timing = self._timing_due(groups, now)
-        if (read_pending or read_timing) and self._full_read_allowed(now):
+        if read_pending and self._full_read_allowed(now):
             dump = decode_fr(read_fr_json(backend=self.backend))
             self._remember_pg_ids(dump)
-            if read_pending:
-                self._pending = {name: [self._with_global_peer(name, op) for op in ops]
-                                 for name, ops in pending_from_dump(dump, now).items()}
-                self._recent = recent_ops(dump, RECENT_WHILE_STALLED)
-                self._seen_enqueued = {pg_id: st.last_enqueued_collective
-                                       for pg_id, st in dump.pg_status.items()}
-            if read_timing:
-                self._last_timing_read = now
-            self._remember_milestones(dump)
+            self._pending = {name: [self._with_global_peer(name, op) for op in ops]
+                             for name, ops in pending_from_dump(dump, now).items()}
+            self._recent = recent_ops(dump, RECENT_WHILE_STALLED)
+            self._seen_enqueued = {pg_id: st.last_enqueued_collective
+                                   for pg_id, st in dump.pg_status.items()}
+        self._take_milestones(c10d, groups)
         for group in groups:
             pending = self._pending.get(group.pg, [])
             pg_id = self._pg_id(group.pg) if group.pg in stalled else None
@@ -263,13 +259,23 @@ class CollectiveTracker:
         self.full_reads += 1
         return True
 
-    def _timing_due(self, groups: list[CollectiveGroup], now: float) -> bool:
+    def _take_milestones(self, c10d: Any, groups: list[CollectiveGroup]) -> None:
+        """Keep what the enqueue timer observed since the last sample; start it the first time."""
         if self.timing_every_s <= 0 or not groups:
-            return False
-        default = next((g for g in groups if g.pg == "0"), groups[0])
-        if not self._last_timing_read:
-            return default.seq >= FIRST_TIMING_AFTER_SEQS
-        return now - self._last_timing_read >= self.timing_every_s
+            return
+        if self.timer is None:
+            self.timer = EnqueueTimer(self.timing_every_s, lambda: _process_groups(c10d), self._on_error)
+            self.timer.start()
+        for name, marks in self.timer.take().items():
+            kept = self._milestones.setdefault(name, {})
+            kept.update(marks)
+            for seq in sorted(kept)[:-ENQUEUE_TIMES_KEPT]:
+                del kept[seq]
+
+    def close(self) -> None:
+        """Stop the enqueue timer (at the rank's exit)."""
+        if self.timer is not None:
+            self.timer.stop()
 
     def _pg_id(self, name: str) -> str | None:
         """FR's id of the group *name*, where a full read's entries showed it (the default group is 0)."""
@@ -283,16 +289,14 @@ class CollectiveTracker:
         # until their seq moves: one read per stall, not one a sample.
         self._unmapped = {name for name in self._last_seq if name not in self._pg_ids}
 
-    def _remember_milestones(self, dump: FrDump) -> None:
-        fresh = [e for e in dump.entries if e.record_id > self._last_record_id]
-        if dump.entries:
-            self._last_record_id = max(self._last_record_id, max(e.record_id for e in dump.entries))
-        for name, marks in milestones_of(fresh).items():
-            kept = self._milestones.setdefault(name, {})
-            kept.update(marks)
-            if len(kept) > ENQUEUE_TIMES_KEPT:
-                for seq in sorted(kept)[:-ENQUEUE_TIMES_KEPT]:
-                    del kept[seq]
+
+def _process_groups(c10d: Any) -> list[tuple[str, Any]]:
+    """Every process group of this rank with its name (read on the enqueue timer's thread)."""
+    world = c10d._world
+    if world is None or not c10d.is_initialized():
+        return []
+    names = dict(world.pg_names)
+    return [(_group_id(pg, names), pg) for pg in list(world.pg_map)]
 
 
 def _group_id(pg: Any, names: dict[Any, str]) -> str:

@@ -10,7 +10,7 @@
 | DDPTOP_HISTORY | 600 | samples kept in the ring buffer (10 min at 1 Hz) |
 | DDPTOP_JOB_ID | | job id (set by ``ddptop launch``; else torchrun's run id) |
 | DDPTOP_FR_AFTER | 2.0 | seconds of a still seq before FR is read for pending ops |
-| DDPTOP_FR_TIMING | 30 | seconds between FR reads of enqueue times (stragglers; 0: off) |
+| DDPTOP_FR_TIMING | 30 | seconds between the enqueue timer's bursts (stragglers; 0: off; no FR read) |
 | DDPTOP_TEARDOWN_YIELD | 0.05 | seconds destroy_process_group first sleeps (GIL released; 0: off) |
 | DDPTOP_DISABLE | | set to 1 to turn the reporter off |
 """

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from ddptop.protocol import ENQUEUE_STRIDE, PendingOp
+from ddptop.protocol import PendingOp
 
 _P2P_NAME = re.compile(r"\b(?:send|recv)\s+\d+\s*(?:->|<-)\s*(\d+)")
 
@@ -89,23 +89,6 @@ def decode_fr(text: str | bytes) -> FrDump:
 
 def _group_name(entry: FrEntry) -> str:
     return str(entry.process_group[0]) if entry.process_group else str(entry.pg_id)
-
-
-def milestones_of(entries: list[FrEntry], stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
-    """Wall-clock enqueue time of every collective whose seq is a multiple of *stride*."""
-    out: dict[str, dict[int, float]] = {}
-    for entry in entries:
-        seq = entry.collective_seq_id
-        created = float(entry.time_created_ns) / 1e9
-        if entry.is_p2p or seq <= 0 or seq % stride or not created:
-            continue
-        out.setdefault(_group_name(entry), {})[seq] = created
-    return out
-
-
-def enqueue_milestones(text: str, stride: int = ENQUEUE_STRIDE) -> dict[str, dict[int, float]]:
-    """Milestones (see :func:`milestones_of`) of an FR JSON dump."""
-    return milestones_of(decode_fr(text).entries, stride)
 
 
 def pending_from_fr(text: str, now: float) -> dict[str, list[PendingOp]]:

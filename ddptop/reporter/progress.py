@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ddptop.protocol import LoaderInfo
 from ddptop.reporter import deepspeed_engine
-from ddptop.reporter.loaders import LoaderRecord, page_loader, patch_dataloader
+from ddptop.reporter.loaders import LoaderRecord, page_loader, patch_dataloader, role_of
 from ddptop.store.progress_page import L_STEPS, LAST_STEP_PC_F, STEP, TRAIN_INDEX, ProgressPage
 
 _perf = time.perf_counter
@@ -355,3 +356,14 @@ def loader_queue_depth(iterator: Any) -> tuple[int | None, int, list[int]]:
     except RuntimeError:  # dict changed size while we counted
         pass
     return ready, len(workers), pids
+
+
+def loader_info(rec: LoaderRecord, steps_counted: int) -> LoaderInfo:
+    """What viewers are told of one DataLoader: its numbers and its iterator's queue."""
+    it = rec.iterator() if rec.iterator is not None else None
+    ready, workers, pids = loader_queue_depth(it) if it is not None else (None, 0, [])
+    return LoaderInfo(
+        index=rec.index, name=rec.name, role=role_of(rec, steps_counted), length=rec.length,
+        batch=rec.batch, passes=rec.passes, passes_completed=rec.passes_done(), steps=rec.steps,
+        batch_size=rec.batch_size, workers=workers, worker_pids=pids, ready_batches=ready,
+        last_batch_at=wall_of(rec.last_pc), rebuilt=rec.rebuilt)

@@ -26,7 +26,6 @@ from ddptop.protocol import (
     ErrorMsg,
     FrTraceMsg,
     HistoryMsg,
-    LoaderInfo,
     Message,
     RankState,
     ReporterStats,
@@ -38,9 +37,10 @@ from ddptop.protocol import (
 from ddptop.reporter import collectives, deepspeed_engine, environment, stacks
 from ddptop.reporter.config import ReporterConfig
 from ddptop.reporter.crash import CrashCapture
+from ddptop.reporter.enqueue_timer import next_sample_at
 from ddptop.reporter.last_words import SigtermWatch
-from ddptop.reporter.loaders import LoaderRecord, choose_training, role_of
-from ddptop.reporter.progress import PROGRESS, Progress, loader_queue_depth, wall_of
+from ddptop.reporter.loaders import LoaderRecord, choose_training
+from ddptop.reporter.progress import PROGRESS, Progress, loader_info, wall_of
 from ddptop.reporter.resources import ResourceReader
 from ddptop.reporter.store_publish import Announcer, own_endpoint
 from ddptop.reporter.system import SystemSampler
@@ -53,6 +53,10 @@ from ddptop.store.progress_page import ProgressPage
 log = logging.getLogger(__name__)
 
 LOADERS_GONE_SHOWN = 4  # loaders no longer referenced that RankState.loaders still lists
+# Samples not counted in ReporterStats.longest_sample_s: the first ones read versions, the
+# environment and the groups' members once, before training has settled.
+WARMUP_SAMPLES = 5
+
 
 
 class Reporter:
@@ -64,7 +68,8 @@ class Reporter:
         self.stats = ReporterStats()
         self.history: deque[Sample] = deque(maxlen=config.history_len)
         self.collectives = collectives.CollectiveTracker(
-            fr_after_s=config.fr_after_s, timing_every_s=config.fr_timing_every_s)
+            fr_after_s=config.fr_after_s, timing_every_s=config.fr_timing_every_s,
+            on_error=self._count_error)
         self.system = SystemSampler()
         self.resources = ResourceReader(config.checkpoint_dir)
         self.crash = CrashCapture(discovery.rank_file(config.job_id, config.rank, "crash"))
@@ -130,6 +135,7 @@ class Reporter:
         if self._stop.is_set():
             return
         self._stop.set()
+        self.collectives.close()
         if self.server is not None:
             self.server.wake()  # the thread may sit in a poll of up to one interval
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -207,7 +213,7 @@ class Reporter:
                 if now >= next_sample:
                     with self._sample_lock:
                         self.sample()
-                    next_sample = now + interval
+                    next_sample = next_sample_at(interval)
                     assert self.server is not None
                     self.server.broadcast(StateMsg(state=self.state))
                 assert self.server is not None
@@ -253,6 +259,11 @@ class Reporter:
         self.stats.errors += p.hook_errors
         p.hook_errors = 0
         self.stats.sample_cost_s = time.thread_time() - t_cpu
+        if self.stats.samples > WARMUP_SAMPLES:
+            self.stats.longest_sample_s = max(self.stats.longest_sample_s, self.stats.sample_cost_s)
+        self.stats.fr_full_reads = self.collectives.full_reads
+        timer = self.collectives.timer
+        self.stats.timing_bursts = timer.bursts if timer is not None else 0
         s.reporter = self.stats
         self.history.append(Sample.of(s, now))
         return s
@@ -287,7 +298,7 @@ class Reporter:
         # Loaders that are gone keep their final numbers on show, the latest few only (an
         # evaluation loader built per evaluation would otherwise fill the list).
         gone = [r for r in records if r is not train and not r.alive][-LOADERS_GONE_SHOWN:]
-        s.loaders = [self._loader_info(r, steps) for r in records
+        s.loaders = [loader_info(r, steps) for r in records
                      if r.alive or r is train or r in gone]
         if train is None:
             s.epoch, s.batch, s.batches_per_epoch, s.last_batch_at = 0, 0, None, 0.0
@@ -301,16 +312,6 @@ class Reporter:
             # they were once the iterator is gone.
             s.loader_ready_batches, s.loader_workers = info.ready_batches, info.workers
             s.loader_worker_pids = list(info.worker_pids)
-
-    @staticmethod
-    def _loader_info(rec: LoaderRecord, steps_counted: int) -> LoaderInfo:
-        it = rec.iterator() if rec.iterator is not None else None
-        ready, workers, pids = loader_queue_depth(it) if it is not None else (None, 0, [])
-        return LoaderInfo(
-            index=rec.index, name=rec.name, role=role_of(rec, steps_counted), length=rec.length,
-            batch=rec.batch, passes=rec.passes, passes_completed=rec.passes_done(), steps=rec.steps,
-            batch_size=rec.batch_size, workers=workers, worker_pids=pids, ready_batches=ready,
-            last_batch_at=wall_of(rec.last_pc), rebuilt=rec.rebuilt)
 
     def _sample_torch(self, s: RankState, now: float) -> None:
         from torch.distributed import distributed_c10d as c10d
