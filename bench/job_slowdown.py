@@ -114,7 +114,12 @@ def worker() -> None:
     times: list[float] = []
     pauses: list[tuple[float, bool]] = []  # (CPU time of a sample, whether it read a full dump)
     seen, dumps = 0, 0
+    block = int(os.environ.get("SLOWDOWN_BLOCK", "0"))
+    on_steps: list[bool] = []
     for i in range(WARMUP_STEPS + steps):
+        if block and reporter is not None and i >= WARMUP_STEPS and (i - WARMUP_STEPS) % block == 0:
+            # in step on every rank (the steps are synchronous): off, on, off, on...
+            set_reporting(reporter, ((i - WARMUP_STEPS) // block) % 2 == 1)
         t0 = time.perf_counter()
         time.sleep(step_s * (1 - busy_share))
         spin(n_busy)
@@ -122,6 +127,7 @@ def worker() -> None:
             dist.all_reduce(t)
         if i >= WARMUP_STEPS:
             times.append(time.perf_counter() - t0)
+            on_steps.append(not block or ((i - WARMUP_STEPS) // block) % 2 == 1)
         if reporter is not None and reporter.stats.samples != seen:
             seen = reporter.stats.samples
             dumped = reporter.collectives.full_reads != dumps
@@ -129,10 +135,34 @@ def worker() -> None:
             if i >= WARMUP_STEPS:  # the samples of the start-up (versions, environment) apart
                 pauses.append((reporter.stats.sample_cost_s, dumped))
     full_reads = int(getattr(reporter.collectives, "full_reads", 0)) if reporter is not None else 0
-    record = {"rank": rank, "times": times if rank == 0 else [], "pauses": pauses, "full_reads": full_reads}
+    record = {"rank": rank, "times": times if rank == 0 else [], "on": on_steps if rank == 0 else [],
+              "pauses": pauses, "full_reads": full_reads}
     # One file a rank: the ranks' stdout lines interleave under torchrun.
     Path(os.environ["SLOWDOWN_OUT"], f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
+
+
+def set_reporting(reporter: Any, on: bool) -> None:
+    """Stop or restart this rank's reporter thread and its enqueue timer (the in-job A/B).
+
+    Reaches into the reporter on purpose: pausing is a benchmark's need, not a feature. A
+    restarted timer begins with its first-minute cadence (bursts every 10 s instead of 30),
+    so the "on" blocks pay more bursts than a long-running rank does: the figure errs high.
+    """
+    import threading
+
+    thread = reporter._thread
+    if on and (thread is None or not thread.is_alive()):
+        reporter._stop.clear()
+        reporter._thread = threading.Thread(target=reporter._run, name="ddptop-reporter", daemon=True)
+        reporter._thread.start()
+    elif not on and thread is not None and thread.is_alive():
+        reporter._stop.set()
+        thread.join()
+        timer = reporter.collectives.timer
+        if timer is not None:
+            timer.stop()
+            reporter.collectives.timer = None  # the next sample starts a new one
 
 
 # ---------------------------------------------------------------- running the arms
@@ -145,6 +175,9 @@ def run_job(args: argparse.Namespace, arm: str, tree: str, n_busy: int) -> dict[
                SLOWDOWN_BUSY_SHARE=str(args.busy_share), SLOWDOWN_SPIN=str(n_busy),
                SLOWDOWN_STEPS=str(args.steps), SLOWDOWN_TREE=tree, DDPTOP_JOB_ID=f"slowdown-{arm}")
     env.pop("PYTHONPATH", None)
+    if arm == "new-ab":
+        env["SLOWDOWN_BLOCK"] = str(args.block)
+        env["SLOWDOWN_STEPS"] = str(args.block * args.blocks)
     if arm == "base-dense":
         env["DDPTOP_FR_TIMING"] = str(args.step)  # every rank dumps once per step, at its own phase
         env["SLOWDOWN_DUMP_CAP"] = "100000"
@@ -152,11 +185,12 @@ def run_job(args: argparse.Namespace, arm: str, tree: str, n_busy: int) -> dict[
            str(Path(__file__).resolve())]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True,
                          timeout=args.steps * args.step * 4 + 300, check=False)
-    out: dict[str, Any] = {"times": [], "pauses": [], "full_reads": 0}
+    out: dict[str, Any] = {"times": [], "on": [], "pauses": [], "full_reads": 0}
     for path in sorted(Path(out_dir).glob("rank*.json")):
         rec = json.loads(path.read_text())
         path.unlink()
         out["times"] += rec["times"]
+        out["on"] += rec["on"]
         out["pauses"] += rec["pauses"]
         out["full_reads"] += rec["full_reads"]
     os.rmdir(out_dir)
@@ -223,7 +257,7 @@ def _draw_max(rng: random.Random, lengths: list[float], n: int) -> float:
     ordered = sorted(lengths)
     # P(max <= x_k) = (k/len)^n: invert at a uniform draw
     k = math.ceil(len(ordered) * rng.random() ** (1.0 / n))
-    return ordered[max(0, min(len(ordered) - 1, k - 1))]
+    return float(ordered[max(0, min(len(ordered) - 1, k - 1))])
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
@@ -248,12 +282,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--busy-share", type=float, default=0.1)
+    ap.add_argument("--arms", default="off,new,base,base-dense,new-ab",
+                    help="which arms to run, comma-separated")
+    ap.add_argument("--block", type=int, default=10, help="new-ab: steps per block (reporter off, on, ...)")
+    ap.add_argument("--blocks", type=int, default=12, help="new-ab: blocks per job")
     args = ap.parse_args()
     n_busy = calibrate(args.step * args.busy_share)
     base = base_tree(args.base) if args.base else None
-    arms = {"off": "", "new": str(ROOT)}
+    arms = {"off": "", "new": str(ROOT), "new-ab": str(ROOT)}
     if base is not None:
         arms |= {"base": base.name, "base-dense": base.name}
+    arms = {arm: tree for arm, tree in arms.items() if arm in args.arms.split(",")}
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     try:
         for rnd in range(args.rounds):
@@ -277,16 +316,20 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
     print("| arm | full dumps a job | longest pause ms | p99 pause ms | slowdown, mean step (per round) | "
           "slowdown, median of rounds |")
     print("|---|---|---|---|---|---|")
-    off = [statistics.fmean(r["times"]) for r in results["off"]]
+    off = [statistics.fmean(r["times"]) for r in results.get("off", [])]
     for arm, runs in results.items():
+        if arm == "new-ab" or not off:
+            continue
         pauses = [p for r in runs for p, _ in r["pauses"]]
         ratios = [statistics.fmean(r["times"]) / o - 1 for r, o in zip(runs, off, strict=True)]
         p99 = statistics.quantiles(pauses, n=100)[98] if len(pauses) >= 2 else (pauses[0] if pauses else 0.0)
         print(f"| {arm} | {statistics.fmean(r['full_reads'] for r in runs):.0f} | "
               f"{max(pauses, default=0) * 1000:.2f} | {p99 * 1000:.2f} | "
               f"{', '.join(f'{x:+.2%}' for x in ratios)} | {statistics.median(ratios):+.2%} |")
+    for run in results.get("new-ab", []):
+        print_in_job_ab(run, args.block)
     base_pauses = [p for arm in ("base", "base-dense") for r in results.get(arm, []) for p in r["pauses"]]
-    new_pauses = [p for r in results["new"] for p, _ in r["pauses"]]
+    new_pauses = [p for arm in ("new", "new-ab") for r in results.get(arm, []) for p, _ in r["pauses"]]
     dumps = [p for p, dumped in base_pauses if dumped]
     base_samples = [p for p, dumped in base_pauses if not dumped]
     if dumps:
@@ -309,6 +352,17 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
         check_new = model_slowdown([], new_pauses, args.nproc, args.step, args.busy_share, True, 0.0)
         print(f"\nModel at this bench's shape ({args.nproc} ranks, busy share {args.busy_share:.0%}): "
               f"base-dense {check_old:+.2%}, new {check_new:+.2%} (compare with the measured medians above)")
+
+
+def print_in_job_ab(run: dict[str, Any], block: int) -> None:
+    """One in-job A/B job: each "on" block's mean step against its two "off" neighbours."""
+    means = [statistics.fmean(run["times"][i:i + block]) for i in range(0, len(run["times"]), block)]
+    pairs = [means[i] / ((means[i - 1] + means[i + 1]) / 2) - 1
+             for i in range(1, len(means) - 1, 2)]  # blocks alternate off, on, off, ...
+    if pairs:
+        print(f"\nin-job A/B (new reporter off/on every {block} steps, in step on every rank): "
+              f"slowdown per on-block {', '.join(f'{x:+.2%}' for x in pairs)}; "
+              f"median {statistics.median(pairs):+.2%}, mean {statistics.fmean(pairs):+.2%}")
 
 
 if __name__ == "__main__":

@@ -295,7 +295,7 @@ def _process_groups(c10d: Any) -> list[tuple[str, Any]]:
     world = c10d._world
     if world is None or not c10d.is_initialized():
         return []
-    names = dict(world.pg_names)
+    names = world.pg_names  # looked up, not copied: this runs at every poll of a burst
     return [(_group_id(pg, names), pg) for pg in list(world.pg_map)]
 
 

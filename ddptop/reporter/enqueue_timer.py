@@ -15,7 +15,7 @@ bursts start on wall-clock ticks that every rank shares (multiples of the cadenc
 ranks watch the same window, see the same seqs, and the little they cost is paid by the job
 once, at the same moment, instead of rank after rank.
 
-Precision is the poll's spacing (about 2 ms here), far below the lateness that names a
+Precision is the poll's spacing (about 4 ms), far below the lateness that names a
 straggler (tens of ms and more); a move seen after a longer gap (the poller waited for the
 GIL) is not timed at all.
 """
@@ -29,16 +29,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-POLL_S = 0.002  # spacing of the polls within a burst
-BURST_S = 2.0  # a burst ends after this long at the most ...
-BURST_SEQS = 48  # ... or once some group's seq moved this many times (enough to compare ranks)
+POLL_S = 0.004  # spacing of the polls within a burst
+BURST_S = 1.5  # a burst ends after this long at the most ...
+BURST_SEQS = 32  # ... or once some group's seq moved this many times (enough to compare ranks)
 MAX_GAP_S = 0.02  # a move seen after a longer gap between two polls is not timed
 MAX_MOVE = 64  # nor one of more seqs at once (a group rebuilt, a seq reset)
 # In the first minute of the job the bursts come every EARLY_EVERY_S, so a straggler is named
 # without waiting for the cadence; the cadence's ticks (30 s) are ticks of this one as well.
-EARLY_EVERY_S = 5.0
+EARLY_EVERY_S = 10.0
 EARLY_FOR_S = 60.0
 KEPT_PER_GROUP = 64  # moments kept between two takes, per group (the newest)
+MAX_GROUPS = 64  # groups polled (a job with thousands of subgroups: the first, the default among them)
 
 Polls = list[tuple[float, int]]
 
@@ -133,18 +134,23 @@ class EnqueueTimer:
                 self._on_error(exc)
                 self._stop.wait(1.0)
 
+    def _seqs(self) -> list[tuple[str, int]]:
+        # The groups are read anew at every poll and let go at once: a group that this thread
+        # kept alive past destroy_process_group would be destroyed here, joining gloo's threads
+        # with the GIL held (the torch 2.13 teardown deadlock, see progress._patch_teardown).
+        return [(name, int(pg._get_sequence_number_for_group())) for name, pg in self._groups()[:MAX_GROUPS]]
+
     def _burst(self) -> None:
-        groups = self._groups()
-        if not groups:
-            return
-        polls: dict[str, Polls] = {name: [] for name, _ in groups}
+        polls: dict[str, Polls] = {}
         end = time.monotonic() + BURST_S
         while not self._stop.is_set():
-            seqs = [(name, int(pg._get_sequence_number_for_group())) for name, pg in groups]
+            seqs = self._seqs()
             t = time.time()  # after the reads: a seq seen here was enqueued before t
+            if not seqs:
+                break  # no group (yet, or any more)
             self.polls += 1
             for name, seq in seqs:
-                polls[name].append((t, seq))
+                polls.setdefault(name, []).append((t, seq))
             if time.monotonic() >= end or max(p[-1][1] - p[0][1] for p in polls.values()) >= BURST_SEQS:
                 break
             time.sleep(POLL_S)
