@@ -36,8 +36,9 @@ FIRST_PROCESS_LOOKAHEAD = 8  # lines after "The first process to do so was:" tha
 _SRUN_OOM = re.compile(r"^srun: error: (\S{1,80}): tasks? ([\d,\-]{1,80}): Out Of Memory")
 _STEP_OOM = re.compile(r"slurmstepd: error: Detected (\d{1,6}) oom[-_]kill events?(?:\(s\))? in "
                        r"(?:StepId=|step )([\w.]{1,40})")
-_CANCELLED = re.compile(r"\*\*\* (JOB|STEP) ([\w.]{1,40}) ON (\S{1,80}) CANCELLED AT (\S{1,40})"
-                        r"(?: DUE TO ([A-Z ]{1,40}?))? \*\*\*")
+# "*** JOB J ON NODE CANCELLED AT T ... ***"; SLURM before 17.02 put the node after: "... *** on NODE".
+_CANCELLED = re.compile(r"\*\*\* (JOB|STEP) ([\w.]{1,40}) (?:ON (\S{1,80}) )?CANCELLED AT (\S{1,40})"
+                        r"(?: DUE TO ([A-Z ]{1,40}?))? \*\*\*(?: on (\S{1,80}))?")
 _NODE_FAILURE = re.compile(r"^s(?:run|alloc|batch): error: Node failure on (\S{1,80})")
 _LAUNCH_FAILED = re.compile(r"^srun: error: Task launch for ([\w.]{1,40}) failed on node (\S{1,80}): "
                             r"(.{1,120})")
@@ -109,7 +110,7 @@ def _slurm(text: str, tasks_are_ranks: bool) -> Claim | None:
         why = (m.group(5) or "").strip().lower()
         kind = "slurm_node_failure" if why == "node failure" else "slurm_cancelled"
         return Claim(kind=kind, strength=NAMES_PLACE if kind == "slurm_node_failure" else TELLS_EXIT,
-                     place=m.group(3), words=f"{m.group(1).lower()} {m.group(2)} cancelled at {m.group(4)}"
+                     place=m.group(3) or m.group(6) or "", words=f"{m.group(1).lower()} {m.group(2)} cancelled at {m.group(4)}"
                      + (f" due to {why}" if why else ""), source="slurmstepd")
     if m := _NODE_FAILURE.match(text):
         return Claim(kind="slurm_node_failure", strength=NAMES_PLACE, place=m.group(1),
