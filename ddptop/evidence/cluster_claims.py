@@ -110,7 +110,8 @@ def _slurm(text: str, tasks_are_ranks: bool) -> Claim | None:
         why = (m.group(5) or "").strip().lower()
         kind = "slurm_node_failure" if why == "node failure" else "slurm_cancelled"
         return Claim(kind=kind, strength=NAMES_PLACE if kind == "slurm_node_failure" else TELLS_EXIT,
-                     place=m.group(3) or m.group(6) or "", words=f"{m.group(1).lower()} {m.group(2)} cancelled at {m.group(4)}"
+                     place=m.group(3) or m.group(6) or "",
+                     words=f"{m.group(1).lower()} {m.group(2)} cancelled at {m.group(4)}"
                      + (f" due to {why}" if why else ""), source="slurmstepd")
     if m := _NODE_FAILURE.match(text):
         return Claim(kind="slurm_node_failure", strength=NAMES_PLACE, place=m.group(1),
