@@ -144,7 +144,8 @@ def _latest_ended(found: host_jobs.HostJobs) -> JobTarget:
     so a record whose agent is still closing it (srun just returned, the agent is reading its
     ranks' ends) is that of a job that has just ended, and it is the one asked about, not the
     job closed before it."""
-    records = jobrecord.list_records()
+    # A job whose ranks run in another network namespace is alive, not ended: where_we_looked says so.
+    records = [r for r in jobrecord.list_records() if r.ended or r.job_id not in found.other_network]
     if not records:
         raise TargetNotFound(
             f"no ddptop job is running on this host ({host_jobs.where_we_looked(found)}); "
