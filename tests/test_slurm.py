@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests import slurm
-from tests.jobs import PROBES, JobRunner, RunningJob, ddptop_cmd
+from tests.jobs import PROBES, JobRunner, RunningJob, alone_on_host, ddptop_cmd
 from tests.ports import unused_port
+from tests.story_check import assert_one_story_json
 
 # One worker: the module's one cluster serves every test (make test: --dist loadgroup).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -92,10 +93,13 @@ def test_a_rank_that_exits_with_a_message_under_srun_is_named_by_its_status_and_
     step = int(job.wait_log(r"rank 2: step (\d+): sys.exit\('rank 2: bad shard 7'\)", timeout=90).group(1))
     job.wait(timeout=90)  # --kill-on-bad-exit: srun ends the other tasks
     # Typed right after srun returns, with no JOB (#54): the job that just ended, not the one
-    # scancel stopped before it (the module's first test), whatever its agent is still writing.
-    res = job.run_cli("doctor", "--json", timeout=60)
+    # scancel stopped before it (the module's first test). Alone on the host (a /proc of its own):
+    # the suite's other modules' live jobs in private /tmp would make the host's "only job" ambiguous.
+    res = subprocess.run(alone_on_host(ddptop_cmd("doctor", "--json")), env=job.env, capture_output=True,
+                         text=True, timeout=60, check=False)
     assert res.returncode == 1, res.stdout + res.stderr
     assert json.loads(res.stdout)["job_id"] == job.job_id, res.stdout + res.stderr
+    assert_one_story_json(res.stdout)
     findings = json.loads(res.stdout)["findings"]
     first = findings[0]
     assert (first["kind"], first["ranks"], first["step"]) == ("rank_lost", [2], step), first
