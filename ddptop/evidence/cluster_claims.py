@@ -104,8 +104,9 @@ def _slurm(text: str, tasks_are_ranks: bool) -> Claim | None:
                      source="srun" if tasks_are_ranks else
                      "srun (its tasks are per-node launchers, not ranks)")
     if m := _STEP_OOM.search(text):
-        return Claim(kind="slurm_oom", strength=NAMES_PLACE, place=f"step {m.group(2)}",
-                     words=f"{m.group(1)} OOM kill event(s) in step {m.group(2)}", source="slurmstepd")
+        step = m.group(2).rstrip(".")  # the sentence's full stop is not the step's
+        return Claim(kind="slurm_oom", strength=NAMES_PLACE, place=f"step {step}",
+                     words=f"{m.group(1)} OOM kill event(s) in step {step}", source="slurmstepd")
     if m := _CANCELLED.search(text):
         why = (m.group(5) or "").strip().lower()
         kind = "slurm_node_failure" if why == "node failure" else "slurm_cancelled"
