@@ -84,7 +84,8 @@ def why_no_one(findings: Sequence[Finding], claims: Sequence[Claim]) -> Finding 
         return None
     kinds = list(dict.fromkeys(c.kind for c in claims))
     reasons = [_WHY[k] for k in kinds if k in _WHY]
-    others = [f for f in findings if f.at_least("warning")]
+    # Findings of other evidence (not these statements' own, already said above).
+    others = [f for f in findings if f.at_least("warning") and not any(c.words in f.title for c in claims)]
     if others:
         reasons.append(f"the other findings name no rank with certainty ({others[0].kind}: "
                        f"{others[0].title[:120]})")
