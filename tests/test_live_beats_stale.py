@@ -128,3 +128,22 @@ def test_jobs_on_the_command_line_shows_the_ended_job_apart(runtime_dir: Path,
     jobs = json.loads(res.stdout)["jobs"]
     rows = [(r["state"], r["alive"], r["hosts"]) for r in jobs if r["job_id"] == "7.0"]
     assert rows == [("ended", 0, ["host-old"]), ("running", 1, ["host-new"])], res.stdout
+
+
+def test_with_no_job_named_the_one_that_just_ended_is_read_though_its_agent_still_writes(
+        runtime_dir: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ddptop doctor` right after srun returned (#54): no rank is alive here; the job scancel
+    stopped a minute ago is closed, the one that just ended is still being closed by its agent
+    (*sleeper*): the latter is the job that ended last."""
+    # This host only: the suite's other jobs, in private /tmp of their own, are not this test's.
+    monkeypatch.setattr(host_jobs.namespaces, "hidden_runtime_dirs", lambda *_args, **_kw: [])
+    a_minute_ago = time.time() - 60
+    jobrecord.write_record(jobrecord.JobRecord(job_id="1.0", world_size=4, host="n1", end_time=a_minute_ago,
+                                               start_time=a_minute_ago - 30, agent_pid=_dead_pid()))
+    just = jobrecord.JobRecord(job_id="2.0", world_size=4, host="n1", start_time=a_minute_ago + 20,
+                               agent_pid=sleeper.pid)
+    just.ranks = [jobrecord.RankOutcome(rank=2, pid=_dead_pid(), status="crashed", exit_code=1,
+                                        time=time.time() - 1)]
+    jobrecord.write_record(just)
+    target = targets.resolve(None)
+    assert target.job_id == "2.0" and target.ended, target

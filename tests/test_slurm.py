@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,12 +18,16 @@ from pathlib import Path
 import pytest
 
 from tests import slurm
-from tests.jobs import PROBES, JobRunner, RunningJob, ddptop_cmd
+from tests.jobs import PROBES, JobRunner, RunningJob, alone_on_host, ddptop_cmd
 from tests.ports import unused_port
+from tests.story_check import assert_one_story_json
 
 # One worker: the module's one cluster serves every test (make test: --dist loadgroup).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 REASON = slurm.missing()
+# Record directories of the module's jobs that scancel stopped: the next test's host has them too,
+# as a real one would (doctor with no JOB must not read them instead of the job that just ended).
+ENDED_RECORDS: list[Path] = []
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +77,7 @@ def test_an_srun_job_with_install_first_is_seen_with_every_rank(cluster: slurm.C
         assert res.returncode == 0 and json.loads(res.stdout)["job"]["id"] == job.job_id, res.stderr
     cluster.run("scancel", slurm_job)
     job.wait(timeout=60)
+    ENDED_RECORDS.append(job_runner.runtime_dir / "jobs" / job.job_id)
 
 
 def test_a_rank_that_exits_with_a_message_under_srun_is_named_by_its_status_and_message(
@@ -81,11 +87,19 @@ def test_a_rank_that_exits_with_a_message_under_srun_is_named_by_its_status_and_
     Python calls no excepthook for a SystemExit: the rank's last words have its status and
     message from sys.exit. doctor names rank 2 by them, never "exited cleanly"."""
     env = {"PROBE_DEATH": "sys_exit", "PROBE_DIE_RANK": "2", "PROBE_DIE_AT_STEP": "12"}
+    for earlier in ENDED_RECORDS:  # the job scancel stopped a moment ago, on this host too
+        shutil.copytree(earlier, job_runner.runtime_dir / "jobs" / earlier.name)
     job = srun(cluster, job_runner, "ddptop-fail", env)
     step = int(job.wait_log(r"rank 2: step (\d+): sys.exit\('rank 2: bad shard 7'\)", timeout=90).group(1))
     job.wait(timeout=90)  # --kill-on-bad-exit: srun ends the other tasks
-    res = job.run_cli("doctor", "--json", job.job_id, timeout=60)
+    # Typed right after srun returns, with no JOB (#54): the job that just ended, not the one
+    # scancel stopped before it (the module's first test). Alone on the host (a /proc of its own):
+    # the suite's other modules' live jobs in private /tmp would make the host's "only job" ambiguous.
+    res = subprocess.run(alone_on_host(ddptop_cmd("doctor", "--json")), env=job.env, capture_output=True,
+                         text=True, timeout=60, check=False)
     assert res.returncode == 1, res.stdout + res.stderr
+    assert json.loads(res.stdout)["job_id"] == job.job_id, res.stdout + res.stderr
+    assert_one_story_json(res.stdout)
     findings = json.loads(res.stdout)["findings"]
     first = findings[0]
     assert (first["kind"], first["ranks"], first["step"]) == ("rank_lost", [2], step), first
@@ -105,6 +119,7 @@ def test_a_rank_that_exits_with_a_message_under_srun_is_named_by_its_status_and_
     # close its record with every rank's end.
     rows = json.loads(job.run_cli("jobs", "--json", "--all").stdout)["jobs"]
     (row,) = [row for row in rows if row["job_id"] == job.job_id]
+    assert {e.name for e in ENDED_RECORDS} <= {r["job_id"] for r in rows}, rows  # the earlier job was there
     ended = {o["rank"]: (o["status"], o["exit_code"]) for o in row["outcome"]}
     assert row["state"] == "ended" and ended[2] == ("crashed", 1), row
 

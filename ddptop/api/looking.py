@@ -55,6 +55,7 @@ MIN_STATES = 2  # states per rank before diagnose stops early: one sample cannot
 # found cut off (its ranks are then not waited for), where one read took less than RECORD_READ_S.
 RECORD_EVERY_S = 1.0
 RECORD_READ_S = 0.25
+CLOSE_WAIT_S = 5.0  # an ended job's record still being closed by its agent: waited for this long at most
 
 
 class Evidence(msgspec.Struct, kw_only=True):
@@ -201,6 +202,9 @@ def read_model(targets: list[Target], watch_s: float, warnings: list[str],
         return build_model(contents), end_time(contents)
     job = job_of(targets[0] if targets else None)
     if job.ended:
+        # A job that just ended (doctor typed as srun returns): its agent may still be writing
+        # how its last ranks ended; read the record once it is closed (or after a bound).
+        wait_closed(job.job_id, CLOSE_WAIT_S)
         return ended_model(job, warnings)
     return observe(job, watch_s)
 

@@ -1,6 +1,7 @@
 """Resolve what the user named (nothing, a job id, HOST:PORT) into rank endpoints.
 
-* nothing: the only job with live ranks on this host, else the job that ended last;
+* nothing: the only job with live ranks on this host, else the job whose ranks ended last
+  (its record closed or still being closed by its node agent);
 * a job id (or a unique prefix of one): that job's discovery entries on this host, live or ended
   (an ended job is read from the black-box recording its node agent kept);
 * HOST:PORT: the job's TCPStore (MASTER_ADDR:MASTER_PORT), where every rank of every
@@ -139,17 +140,29 @@ def _ended(target: str, found: host_jobs.HostJobs) -> JobTarget:
 
 
 def _latest_ended(found: host_jobs.HostJobs) -> JobTarget:
-    ended = [r for r in jobrecord.list_records() if r.ended]
-    if not ended:
+    """The job whose ranks ended last on this host (#54): no rank of any job is alive here,
+    so a record whose agent is still closing it (srun just returned, the agent is reading its
+    ranks' ends) is that of a job that has just ended, and it is the one asked about, not the
+    job closed before it."""
+    # A job whose ranks run in another network namespace is alive, not ended: where_we_looked says so.
+    records = [r for r in jobrecord.list_records() if r.ended or r.job_id not in found.other_network]
+    if not records:
         raise TargetNotFound(
             f"no ddptop job is running on this host ({host_jobs.where_we_looked(found)}); "
             "start one with `ddptop launch -- torchrun ...`"
         )
-    last = max(ended, key=lambda r: (r.end_time or r.start_time, r.job_id))
-    print(f"ddptop: no job is running here; job {last.job_id} ended last: reading its recording",
+    last = max(records, key=lambda r: (last_heard(r), r.job_id))
+    closing = "" if last.ended else " (its node agent is still closing its record)"
+    print(f"ddptop: no job is running here; job {last.job_id} ended last{closing}: reading its recording",
           file=sys.stderr)
     stale = found.every.get(last.job_id, [])
     return _job(last.job_id, [], stale, last)
+
+
+def last_heard(record: JobRecord) -> float:
+    """When *record*'s job last did something this host's agent wrote down: its end, its last
+    rank's exit, else its start (a job that began after another closed ended after it too)."""
+    return max([record.end_time, record.start_time] + [r.time for r in record.ranks])
 
 
 def copied_store(job_id: str, store: str, live: list[Endpoint]) -> tuple[int, list[Endpoint]] | None:

@@ -22,6 +22,7 @@ from ddptop.diagnosis import (
     rules_wavefront,
 )
 from ddptop.diagnosis.claims import Claim, claim_findings
+from ddptop.diagnosis.cluster_findings import cluster_findings, why_no_one
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.culprit_frames import with_frames
 from ddptop.diagnosis.finding import SEVERITY_ORDER, Finding
@@ -86,7 +87,8 @@ def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
     job between two of their runs). The claims' findings come before every rule's: a
     statement that names its culprit is the strongest evidence a log holds."""
     config = config or DiagnosisConfig()
-    found: list[tuple[int, Finding]] = [(-1, f) for f in claim_findings(list(claims))]
+    told_by_logs = claim_findings(list(claims)) + cluster_findings(claims)
+    found: list[tuple[int, Finding]] = [(-1, f) for f in told_by_logs]
     by_rule: dict[Rule, list[Finding]] = {}
     # What several rules derive alike (active ranks, rate windows...) is computed once (memo).
     with one_diagnosis():
@@ -106,4 +108,7 @@ def diagnose_by_rule(snapshot: JobSnapshot, histories: dict[int, list[Sample]], 
     placed = with_frames([f for _, f in found], snapshot)  # where each culprit is in the code
     found = [(index, f) for (index, _), f in zip(found, placed, strict=True)]
     found.sort(key=lambda item: (-SEVERITY_ORDER[item[1].severity], item[0], item[1].ranks))
-    return [f for _, f in found], by_rule
+    told = [f for _, f in found]
+    # A log understood but blaming no one says so (#54): what was recognised, and why.
+    explained = why_no_one(told, claims)
+    return told + ([explained] if explained is not None else []), by_rule

@@ -20,6 +20,7 @@ KINDS: frozenset[str] = frozenset((
     "rank_unresponsive", "node_lost", "host_unreachable",
     "collective_deadlock",  # added with the wait-for graph (#45)
     "memory_exhaustion", "shm_exhaustion", "disk_exhaustion",  # resources heading for a limit (#48)
+    "no_culprit",  # a log understood, no one blamed: what was recognised and why (#54)
 ))
 
 

@@ -15,6 +15,7 @@ import re
 from collections import Counter
 
 from ddptop.diagnosis.claims import NAMES_CULPRIT, NAMES_PLACE, NAMES_SETUP, TELLS_EXIT, Claim
+from ddptop.evidence.cluster_claims import cluster_claims
 from ddptop.evidence.log_lines import LogLine, unglued
 
 MAX_CLAIMS = 256  # per file: a thousand ranks' identical lines tell no more than the first ones
@@ -56,7 +57,7 @@ def claims_of(lines: list[LogLine], default_group_only: bool = True) -> list[Cla
         claim = _claim(text, line.rank, line.host, default_group_only)
         if claim is not None and claim not in out:
             out.append(claim)
-    return out
+    return out + cluster_claims(lines)  # the launcher's and scheduler's own words (#54)
 
 
 def _claim(text: str, rank: int | None, host: str, default_only: bool) -> Claim | None:
@@ -171,7 +172,11 @@ def recognised(lines: list[LogLine], claims: list[Claim], tracebacks: dict[int, 
     words = {"monitored_barrier": "monitored-barrier report", "cuda_error": "CUDA error",
              "nccl_cuda_failure": "NCCL Cuda failure", "oom_killer": "OOM-killer line", "xid": "Xid line",
              "peer_address": "lost-peer line", "setup": "NCCL set-up error",
-             "srun_tasks": "srun task exit"}
+             "srun_tasks": "srun task exit", "slurm_oom": "SLURM OOM-kill line", "slurm_cancelled":
+             "SLURM cancellation", "slurm_node_failure": "SLURM node failure", "slurm_launch_failed":
+             "SLURM task-launch failure", "first_exit": "launcher's first-failed-process statement",
+             "consequence": "consequence-only message", "death_signal": "launcher death-signal line",
+             "launcher_kill": "launcher kill statement", "gpu_oom": "unranked CUDA out-of-memory error"}
     parts += [f"{n} {words.get(k, k)}(s)" for k, n in sorted(kinds.items())]
     if tracebacks:
         ranks = sorted(tracebacks)

@@ -21,8 +21,11 @@ from ddptop.status import FINAL, Status
 TEARDOWN_SIGNALS = frozenset(("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"))
 # Errors a rank raises only because a peer is gone (gloo, NCCL, the TCPStore): after another
 # rank's failure they mark a victim as surely as the launcher's SIGTERM does.
+# Horovod's shutdown says itself that it follows another rank's exception (#54).
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited"
-                       r"|socket was closed|failed to recv|Connection refused|ncclRemoteError", re.IGNORECASE)
+                       r"|socket was closed|failed to recv|Connection refused|ncclRemoteError"
+                       r"|Horovod has been shut down|caused by an exception on one of the ranks",
+                       re.IGNORECASE)
 
 
 @dataclass(frozen=True)
