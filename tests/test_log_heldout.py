@@ -42,11 +42,16 @@ HOLDOUT2 = DATA / "logs_heldout" / "holdout2"
 # before the reader of #54 was written; tune3 was 6 of 8 before it, 8 of 8 after; holdout3 was
 # measured once, at the end: 7 of 7, 0 healthy ranks named, none refused, each of its 5 traps
 # answered by a `no_culprit` finding that says what was recognised.
+# Tune4 (#54, second part: NCCL's RAS report, accelerate's launcher, Ray's workers): 9 logs, none
+# singling out a rank, labelled before their reader was written: 9 of 9 right before it and after
+# (nothing named either time), but before it none of the 9 said what was recognised; after it all
+# 9 do. No held-out half was taken for this part: its figure is a tuning figure.
 TUNE3, HOLDOUT3 = DATA / "logs_heldout" / "tune3", DATA / "logs_heldout" / "holdout3"
-RIGHT_AT_LEAST = {TUNE: 20, OLD: 32, HOLDOUT: 18, HOLDOUT2: 20, TUNE3: 8, HOLDOUT3: 7}
+TUNE4 = DATA / "logs_heldout" / "tune4"  # RAS, accelerate, Ray (#54, second part): a tuning set only
+RIGHT_AT_LEAST = {TUNE: 20, OLD: 32, HOLDOUT: 18, HOLDOUT2: 20, TUNE3: 8, HOLDOUT3: 7, TUNE4: 9}
 
 
-@pytest.mark.parametrize("folder", [TUNE3, HOLDOUT3], ids=["tune3", "holdout3"])
+@pytest.mark.parametrize("folder", [TUNE3, HOLDOUT3, TUNE4], ids=["tune3", "holdout3", "tune4"])
 def test_every_trap_of_the_cluster_s_words_says_what_was_recognised(folder: Path) -> None:
     """#54: a log where no rank can be singled out is understood, not merely unread."""
     truth = truth_of(folder)
@@ -56,8 +61,8 @@ def test_every_trap_of_the_cluster_s_words_says_what_was_recognised(folder: Path
             assert told, (row.name, row.titles)
 
 
-@pytest.mark.parametrize("folder", [TUNE, OLD, HOLDOUT, HOLDOUT2, TUNE3, HOLDOUT3],
-                         ids=["tune", "old", "holdout", "holdout2", "tune3", "holdout3"])
+@pytest.mark.parametrize("folder", [TUNE, OLD, HOLDOUT, HOLDOUT2, TUNE3, HOLDOUT3, TUNE4],
+                         ids=["tune", "old", "holdout", "holdout2", "tune3", "holdout3", "tune4"])
 def test_no_healthy_rank_named_no_log_refused_and_the_measured_share_right(folder: Path) -> None:
     rows = score(folder)
     assert len(rows) == len(truth_of(folder))

@@ -45,6 +45,15 @@ _WHY = {
     "slurm_oom": "SLURM's OOM handler killed processes, and no line names a task that is a rank",
     "slurm_node_failure": "a node failed: the host is the answer, not a rank",
     "srun_tasks": "srun says how its tasks ended, not why",
+    "nccl_ras": "NCCL's RAS report lists the ranks that stand out of a communicator (ahead, behind or "
+                "silent), not one that failed",
+    "nccl_ras_ok": "NCCL's RAS report says every communicator is running without error",
+    "launcher_exit": "accelerate's launcher says only how its workers ended (a consequence)",
+    "ray_actor_died": "Ray's caller says an actor died: the words of the one left waiting, naming no rank",
+    "ray_task_error": "Ray's caller says an actor it called died: a consequence, naming no rank",
+    "ray_memory_kill": "Ray's memory monitor killed the newest task on a node short of memory: the node, not "
+                       "a rank",
+    "ray_worker_died": "Ray says a worker died, not which rank or why",
 }
 
 

@@ -17,7 +17,8 @@ tests/data/logs_heldout/tune3):
 * launchers stopping every worker: torchrun's agent "Received 1 death signal, shutting down
   workers", DeepSpeed's "Killing subprocess N";
 * a worker's CUDA out-of-memory error naming its GPU, where no line gives its rank (a vLLM
-  worker's ``(VllmWorkerProcess pid=P)``).
+  worker's ``(VllmWorkerProcess pid=P)``);
+* NCCL's RAS report, accelerate's launcher and Ray's workers: :mod:`ddptop.evidence.runtime_claims`.
 
 Pure: lines in, claims out.
 """
@@ -29,6 +30,7 @@ import signal
 
 from ddptop.diagnosis.claims import NAMES_CULPRIT, NAMES_PLACE, TELLS_EXIT, Claim
 from ddptop.evidence.log_lines import LogLine
+from ddptop.evidence.runtime_claims import runtime_claims
 
 MAX_CLUSTER_CLAIMS = 64
 FIRST_PROCESS_LOOKAHEAD = 8  # lines after "The first process to do so was:" that may name it
@@ -93,6 +95,8 @@ def cluster_claims(lines: list[LogLine]) -> list[Claim]:
     if killed:
         out.append(Claim(kind="launcher_kill", strength=TELLS_EXIT, words=f"killed {killed} worker(s)",
                          source="DeepSpeed's launcher"))
+    # NCCL's RAS report, accelerate's launcher, Ray's workers (ddptop.evidence.runtime_claims).
+    out += [c for c in runtime_claims(lines) if c not in out][:max(0, MAX_CLUSTER_CLAIMS - len(out))]
     return out
 
 

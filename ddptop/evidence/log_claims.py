@@ -176,7 +176,11 @@ def recognised(lines: list[LogLine], claims: list[Claim], tracebacks: dict[int, 
              "SLURM cancellation", "slurm_node_failure": "SLURM node failure", "slurm_launch_failed":
              "SLURM task-launch failure", "first_exit": "launcher's first-failed-process statement",
              "consequence": "consequence-only message", "death_signal": "launcher death-signal line",
-             "launcher_kill": "launcher kill statement", "gpu_oom": "unranked CUDA out-of-memory error"}
+             "launcher_kill": "launcher kill statement", "gpu_oom": "unranked CUDA out-of-memory error",
+             "nccl_ras": "NCCL RAS report", "nccl_ras_ok": "NCCL RAS report",
+             "launcher_exit": "accelerate launcher exit", "ray_actor_died": "Ray actor-died error",
+             "ray_task_error": "Ray task error", "ray_memory_kill": "Ray memory-monitor kill",
+             "ray_worker_died": "Ray worker-died line"}
     parts += [f"{n} {words.get(k, k)}(s)" for k, n in sorted(kinds.items())]
     if tracebacks:
         ranks = sorted(tracebacks)
