@@ -58,7 +58,6 @@ LOADERS_GONE_SHOWN = 4  # loaders no longer referenced that RankState.loaders st
 WARMUP_SAMPLES = 5
 
 
-
 class Reporter:
     """State, history and server of one rank."""
 
