@@ -259,6 +259,11 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     disk_mount: str = ""  # the mount point of its filesystem
     disk_used_bytes: int | None = None  # used on that filesystem
     disk_total_bytes: int | None = None  # used + available to the rank (root's reserve left out)
+    # (#55) that filesystem's use each time it moved by a step (DISK_STEP_BYTES or more), read
+    # right after each torch.save and on the slow cadence: [wall clock, used bytes], the newest
+    # DISK_LEVELS_KEPT. Growth in steps (checkpoints minutes apart) is forecast from it: the
+    # samples a viewer's rules get cover too few seconds to see two saves.
+    disk_levels: Annotated[list[tuple[float, int]], msgspec.Meta(max_length=MAX_ITEMS)] = []
     gpu_reserved_bytes: int | None = None  # torch's caching allocator, where CUDA is initialised
     # environment and fingerprints
     versions: Versions = msgspec.field(default_factory=Versions)

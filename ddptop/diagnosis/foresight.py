@@ -6,6 +6,9 @@ judged (``window_s`` plus the margin), and whether it would have warned. The war
 counts is the one that held to the end: walking back from the death, the first sample
 of the last unbroken run of warnings ("foreseen 3m40s before, at 14:02:11"); the last
 window before the death may hold none (use pinned at the limit while the kernel reclaims).
+A checkpoint disk is replayed as the live rule judges it: by its saves
+(:func:`ddptop.diagnosis.rules_resources.disk_steps`, the levels the rank kept up to each
+sample) where they are recognised, else by its trend.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import bisect
 import time
 from collections.abc import Callable, Sequence
 
+import msgspec
+
 from ddptop.diagnosis.config import DiagnosisConfig
+from ddptop.diagnosis.limits_at_end import at_limit
+from ddptop.diagnosis.rules_resources import disk_steps
+from ddptop.diagnosis.steps import warns
 from ddptop.diagnosis.trend import trend
 from ddptop.protocol import RankState, Sample
 from ddptop.textfmt import human_duration
@@ -33,7 +41,8 @@ def _series(state: RankState, cause: str) -> tuple[str, Callable[[Sample], int |
     if cause == "shm":
         return "/dev/shm", (lambda x: x.shm_used_bytes), state.shm_total_bytes
     if cause == "disk":
-        return "its checkpoint disk", (lambda x: x.disk_used_bytes), state.disk_total_bytes
+        disk = f"its checkpoint disk ({state.disk_mount or state.disk_path})"
+        return disk, (lambda x: x.disk_used_bytes), state.disk_total_bytes
     return None
 
 
@@ -55,6 +64,15 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
     times = [t for t, _ in points]
     first: tuple[float, float] | None = None  # (time, eta then)
     for end in range(len(points), 0, -1):  # from the death backwards, while it still warns
+        now, used_now = points[end - 1]
+        steps = disk_steps([_at(state, now, used_now)], now, config) if cause == "disk" else None
+        if steps is not None:  # saves recognised: the live rule judged by them alone
+            if warns(steps, config.exhaustion_warning_s):
+                first = (now, steps.eta_s)
+                continue
+            if first is None and now > died_at - window:
+                continue
+            break
         start = bisect.bisect_left(times, times[end - 1] - window)
         t = trend(points[start:end], limit, window_s=window + 1.0, min_span_s=config.trend_min_span_s)
         if t is None or t.eta_s >= config.exhaustion_warning_s:
@@ -70,9 +88,17 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
             f"in about {human_duration(eta)}")
 
 
+def _at(state: RankState, now: float, used: float) -> RankState:
+    """*state* as it was at *now*: the disk levels it had kept by then, *used* its use."""
+    return msgspec.structs.replace(state, disk_levels=[lv for lv in state.disk_levels if lv[0] <= now],
+                                   disk_used_bytes=int(used))
+
+
 def death_foreseen(state: RankState, history: Sequence[Sample], died_at: float, shm: bool) -> str:
     """:func:`foreseen` for a rank that died of a resource: the OOM killer's SIGKILL, a full
-    /dev/shm (*shm*: the post-mortem read it so), a save that found its disk full; else ''."""
+    /dev/shm (*shm*: the post-mortem read it so), a save that found its disk full, or any end
+    within a minute of a limit its last state found full (:func:`at_limit`); else ''."""
+    full = at_limit(state, died_at)
     if state.exit_cause == "oom_kill":
         cause = "memory"
     elif shm:
@@ -82,6 +108,8 @@ def death_foreseen(state: RankState, history: Sequence[Sample], died_at: float, 
         # torch.save's zip writer on a full disk: "[enforce fail at inline_container.cc:672] .
         # unexpected pos 704 vs 598", no errno (seen on a full tmpfs, torch 2.13)
         cause = "disk"
+    elif full is not None:
+        cause = full.cause
     else:
         return ""
     return foreseen(state, history, died_at, cause)
