@@ -25,6 +25,7 @@ from ddptop.diagnosis.rules_resources import disk_steps
 from ddptop.diagnosis.steps import warns
 from ddptop.diagnosis.trend import trend
 from ddptop.protocol import RankState, Sample
+from ddptop.rank_state import kept_levels
 from ddptop.textfmt import human_duration
 
 HISTORY_MARGIN_S = 10.0  # as ddptop.diagnosis's: the window the live rules get
@@ -56,16 +57,19 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
         return ""
     what, used, limit = found
     settled = state.start_time + config.trend_warmup_s  # as the live rule: no start-up judged
+    # The saves are judged from the rank's start (the trend after its warm-up).
     points = [(x.time, float(v)) for x in history
-              if settled <= x.time <= died_at and (v := used(x)) is not None]
+              if (state.start_time if cause == "disk" else settled) <= x.time <= died_at
+              and (v := used(x)) is not None]
     if len(points) < 5:
         return ""
+    levels = _levels(state, history) if cause == "disk" else []
     window = config.window_s + HISTORY_MARGIN_S
     times = [t for t, _ in points]
     first: tuple[float, float] | None = None  # (time, eta then)
     for end in range(len(points), 0, -1):  # from the death backwards, while it still warns
         now, used_now = points[end - 1]
-        steps = disk_steps([_at(state, now, used_now)], now, config) if cause == "disk" else None
+        steps = disk_steps([_at(state, levels, now, used_now)], now) if cause == "disk" else None
         if steps is not None:  # saves recognised: the live rule judged by them alone
             if warns(steps, config.exhaustion_warning_s):
                 first = (now, steps.eta_s)
@@ -73,8 +77,9 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
             if first is None and now > died_at - window:
                 continue
             break
-        start = bisect.bisect_left(times, times[end - 1] - window)
-        t = trend(points[start:end], limit, window_s=window + 1.0, min_span_s=config.trend_min_span_s)
+        start = max(bisect.bisect_left(times, times[end - 1] - window), bisect.bisect_left(times, settled))
+        t = trend(points[start:end], limit, window_s=window + 1.0, min_span_s=config.trend_min_span_s) \
+            if start < end else None
         if t is None or t.eta_s >= config.exhaustion_warning_s:
             if first is None and times[end - 1] > died_at - window:
                 continue  # the last moments: pinned at the limit, the kernel reclaiming, no slope
@@ -88,9 +93,23 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
             f"in about {human_duration(eta)}")
 
 
-def _at(state: RankState, now: float, used: float) -> RankState:
-    """*state* as it was at *now*: the disk levels it had kept by then, *used* its use."""
-    return msgspec.structs.replace(state, disk_levels=[lv for lv in state.disk_levels if lv[0] <= now],
+def _levels(state: RankState, history: Sequence[Sample]) -> list[tuple[float, int]]:
+    """The disk's levels over the whole *history*: those the rank kept (its newest
+    DISK_LEVELS_KEPT), and before them, as kept from its samples' disk use (the same reads)."""
+    kept = state.disk_levels
+    since = kept[0][0] if kept else float("inf")
+    older: list[tuple[float, int]] = []
+    for x in history:
+        if x.time >= since:
+            break
+        if x.disk_used_bytes is not None:
+            older = kept_levels(older, x.time, x.disk_used_bytes)
+    return [*older, *kept]
+
+
+def _at(state: RankState, levels: list[tuple[float, int]], now: float, used: float) -> RankState:
+    """*state* as it was at *now*: the disk *levels* kept by then, *used* its use."""
+    return msgspec.structs.replace(state, disk_levels=levels[:bisect.bisect_right(levels, (now, 1 << 62))],
                                    disk_used_bytes=int(used))
 
 

@@ -99,7 +99,7 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                         groups[where].append(s)
             for where, group in groups.items():
                 if limit.kind == "disk_exhaustion":
-                    steps = disk_steps(group, now, config)
+                    steps = disk_steps(group, now)
                     if steps is not None:  # saves recognised: their forecast alone, steady between saves
                         if warns(steps, config.exhaustion_warning_s):
                             out.append(_step_finding((host, where), group, steps, config))
@@ -112,12 +112,13 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
     return out
 
 
-def disk_steps(group: list[RankState], now: float, config: DiagnosisConfig) -> StepGrowth | None:
+def disk_steps(group: list[RankState], now: float) -> StepGrowth | None:
     """The saves filling the checkpoint disk *group* shares, from the rank that kept most of its
-    levels (the one that saves), its warm-up left out."""
+    levels (the one that saves). No time-based warm-up: a job's first save counts as its others
+    do; MIN_RISES alike saves are the warm-up (what a start-up writes once is not alike)."""
     rep = max(group, key=lambda s: len(s.disk_levels))
     return step_growth(rep.disk_levels, rep.disk_used_bytes, rep.disk_total_bytes, now,
-                       since=rep.start_time + config.trend_warmup_s)
+                       since=rep.start_time)
 
 
 def _forecast(limit: Limit, rep: RankState, histories: dict[int, list[Sample]],

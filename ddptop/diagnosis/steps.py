@@ -75,7 +75,12 @@ def step_growth(levels: Sequence[tuple[float, float]], used: float | None, limit
     if not limit or limit <= 0 or used is None:
         return None
     known = [(t, v) for t, v in levels if t <= now]
-    found = [r for r in rises(known) if r[0] >= since][-MAX_RISES:]
+    found = [r for r in rises(known) if r[0] >= since][-MAX_RISES - 1:]
+    if len(found) > MIN_RISES and found[-1][1] < median(r[1] for r in found) / ALIKE:
+        # The newest rise is smaller than a save: one read mid-way (its end is read next, and
+        # joined to it): the forecast stays what the saves before it made it.
+        found.pop()
+    found = found[-MAX_RISES:]
     if len(found) < MIN_RISES:
         return None
     size = median(r[1] for r in found)

@@ -223,6 +223,7 @@ def _patch_save(torch_module: Any) -> list[str]:
             p.saved_to = os.path.dirname(os.path.abspath(os.fspath(f)))
         except Exception:
             p.hook_errors += 1
+        resources.SAVES.started += 1
         try:
             return original(obj, f, *args, **kwargs)
         finally:

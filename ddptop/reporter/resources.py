@@ -14,7 +14,7 @@ design, on the reporter thread only:
   --checkpoint-dir``), else from the rank's own ``torch.save`` to a path (noted by the
   patched ``torch.save``, :mod:`ddptop.reporter.progress`); its filesystem is read with one
   ``statvfs`` every :data:`SLOW_EVERY_S`, and at the first sample after each ``torch.save``
-  returns; each move of its use by :data:`DISK_STEP_BYTES` or more is kept
+  returns; each move of its use by ``DISK_STEP_BYTES`` or more is kept
   (``RankState.disk_levels``): growth in steps is forecast from those.
 
 Nothing here raises: a file that cannot be read leaves its field ``None``. Standard library only.
@@ -28,22 +28,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddptop.rank_state import RankState
+from ddptop.rank_state import RankState, kept_levels
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded LONG_MAX; v2 says "max"
 SLOW_EVERY_S = 5.0  # limits and statvfs: they move slowly, and a network filesystem can be slow
-DISK_STEP_BYTES = 1 << 20  # a move of the checkpoint disk's use this big is a level of its own
-DISK_LEVELS_KEPT = 32  # the newest levels kept: eight saves and more, rotated or kept
 
 
 class SaveCount:
-    """How many ``torch.save`` calls to a path have returned (or raised): bumped by the patched
-    ``torch.save`` on the training thread, read by the reporter thread (a counter only)."""
+    """How many ``torch.save`` calls to a path have started, and returned (or raised): bumped by
+    the patched ``torch.save`` on the training thread, read by the reporter thread (counters only).
+    A read while one is being written is not kept as a level: half a save is not a step."""
 
-    __slots__ = ("returned",)
+    __slots__ = ("returned", "started")
 
     def __init__(self) -> None:
+        self.started = 0
         self.returned = 0
 
 
@@ -144,14 +144,6 @@ def disk_use(directory: str) -> DiskUse | None:
     return DiskUse(str(mount), used, used + st.f_bavail * st.f_frsize)
 
 
-def kept_levels(levels: list[tuple[float, int]], now: float, used: int) -> list[tuple[float, int]]:
-    """*levels* with (*now*, *used*) added where the use moved by DISK_STEP_BYTES or more since
-    the newest kept (a new list then; the same one otherwise), the newest DISK_LEVELS_KEPT."""
-    if levels and abs(used - levels[-1][1]) < DISK_STEP_BYTES:
-        return levels
-    return [*levels[-(DISK_LEVELS_KEPT - 1):], (now, used)]
-
-
 class ResourceReader:
     """Reads the rank's memory cgroup and checkpoint filesystem; keeps the last values."""
 
@@ -206,7 +198,7 @@ class ResourceReader:
         if disk is None or self.disk is None or disk.mount != self.disk.mount:
             self.disk_levels = []  # another filesystem: its steps start anew
         self.disk = disk
-        if disk is not None:
+        if disk is not None and SAVES.started == SAVES.returned:
             self.disk_levels = kept_levels(self.disk_levels, time.time(), disk.used)
 
     def _reopen(self, level: CgroupFiles | None) -> None:
