@@ -45,10 +45,12 @@ def at_limit(state: RankState, died_at: float) -> AtLimit | None:
         if used is None or not limit:
             return
         share = used / limit
-        if share >= FULL_SHARE or limit - used < room:
-            more = f", less than one save ({human_bytes(room)}) free" if share < FULL_SHARE else ""
-            found.append(AtLimit(cause, f"{what} was full: {human_bytes(used)} of {human_bytes(limit)} "
-                                        f"{when}{more}", share))
+        use = f"{human_bytes(used)} of {human_bytes(limit)} {when}"
+        if share >= FULL_SHARE:
+            found.append(AtLimit(cause, f"{what} was full: {use}", share))
+        elif limit - used < room:
+            found.append(AtLimit(cause, f"{what} had no room for another save: {use}, one save "
+                                        f"takes {human_bytes(room)}", share))
 
     saves = rises(state.disk_levels)
     full("disk", f"the checkpoint disk ({state.disk_mount or state.disk_path})", state.disk_used_bytes,
