@@ -43,7 +43,8 @@ def test_kept_saves_are_warned_from_the_fourth_to_the_death_in_every_look(every:
     f = looks[-1][1][0]
     assert f.forecast is not None and f.forecast.step_bytes == 40 * MB and f.forecast.steps_fit == 0
     assert f.forecast.step_every_s == pytest.approx(every, rel=0.05)
-    assert re.search(r"the next save of 40.0M \(one every [\dms.]+\) will not fit; 280.0M of 300.0M", f.title), f.title
+    said = r"the next save of 40.0M \(one every [\dms.]+\) will not fit; 280.0M of 300.0M"
+    assert re.search(said, f.title), f.title
     # the failing save's due time holds between saves: it is what the ETA counts down to
     dues = {round(found[0].forecast.reaches_at) for _, found in looks[first:first + int(every) - 2]
             if found[0].forecast is not None}

@@ -152,8 +152,9 @@ print(reader.cgroup_path, reader.cgroup_limit, reader.cgroup_usage() is not None
 
 def test_a_process_moved_into_a_memory_cgroup_is_bound_by_it_from_the_next_slow_read() -> None:
     with memory_cgroup(768 * MIB) as cg:
-        child = subprocess.Popen([sys.executable, "-c", _MOVED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
+        child = subprocess.Popen([sys.executable, "-c", _MOVED], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                 env=dict(os.environ, PYTHONPATH=str(ROOT)))
         try:
             assert child.stdout is not None and child.stdin is not None
             before = child.stdout.readline().split()
