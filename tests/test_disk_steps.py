@@ -9,9 +9,10 @@ import re
 import msgspec
 import pytest
 
-from ddptop.diagnosis import diagnose
+from ddptop.diagnosis import DiagnosisConfig, diagnose
 from ddptop.diagnosis.finding import Finding
 from ddptop.diagnosis.limits_at_end import at_limit
+from ddptop.diagnosis.rules_resources import disk_steps
 from ddptop.diagnosis.steps import MIN_RISES, step_growth
 from ddptop.model.snapshot import build_snapshot
 from ddptop.protocol import RankState
@@ -76,25 +77,25 @@ def test_saves_ten_minutes_apart_are_warned_two_saves_ahead() -> None:
 
 def test_a_forecast_is_withdrawn_when_the_saves_stop_not_when_one_is_late() -> None:
     levels = [(NOW + 30.0 * k, k * 40 * MB) for k in range(1, 6)]  # five saves, 30 s apart
-    used, last = 200 * MB, levels[-1][0]
-    assert step_growth(levels, used, 300 * MB, last + 45) is not None  # the next is 15 s late
-    assert step_growth(levels, used, 300 * MB, last + 70) is not None
-    assert step_growth(levels, used, 300 * MB, last + 80) is None  # 2.5 spacings: stopped
+    last = levels[-1][0]
+    assert step_growth(levels, 300 * MB, last + 45) is not None  # the next is 15 s late
+    assert step_growth(levels, 300 * MB, last + 70) is not None
+    assert step_growth(levels, 300 * MB, last + 80) is None  # 2.5 spacings: stopped
 
 
 def test_warm_up_and_one_off_writes_are_no_trend() -> None:
     three = [(NOW + 30.0 * k, k * 40 * MB) for k in range(1, MIN_RISES)]
-    assert step_growth(three, 120 * MB, 300 * MB, three[-1][0] + 1) is None  # too few saves
+    assert step_growth(three, 300 * MB, three[-1][0] + 1) is None  # too few saves
     odd = [(NOW, 0), (NOW + 30, 40 * MB), (NOW + 60, 140 * MB), (NOW + 200, 150 * MB), (NOW + 210, 190 * MB)]
-    assert step_growth(odd, 190 * MB, 300 * MB, NOW + 211) is None  # neither alike in size nor spacing
+    assert step_growth(odd, 300 * MB, NOW + 211) is None  # neither alike in size nor spacing
 
 
 def test_a_save_read_mid_way_leaves_the_forecast_as_it_was() -> None:
     levels = [(NOW + 30.0 * k, k * 40 * MB) for k in range(1, 6)]
-    before = step_growth(levels, 200 * MB, 300 * MB, levels[-1][0] + 29)
-    during = step_growth([*levels, (levels[-1][0] + 30, 215 * MB)], 215 * MB, 300 * MB, levels[-1][0] + 30.5)
+    before = step_growth(levels, 300 * MB, levels[-1][0] + 29)
+    during = step_growth([*levels, (levels[-1][0] + 30, 215 * MB)], 300 * MB, levels[-1][0] + 30.5)
     after = step_growth([*levels, (levels[-1][0] + 30, 215 * MB), (levels[-1][0] + 31, 240 * MB)],
-                        240 * MB, 300 * MB, levels[-1][0] + 31.5)
+                        300 * MB, levels[-1][0] + 31.5)
     assert before is not None and during is not None and after is not None
     assert during.due_at == before.due_at and during.fit == before.fit
     assert after.rises == before.rises + 1 and after.step == 40 * MB  # the two reads: one save
@@ -137,3 +138,14 @@ def test_a_limit_full_an_hour_before_the_death_is_not_its_cause() -> None:
 
 
 GIB = 1 << 30
+
+
+def test_a_warning_made_holds_while_the_spacings_median_moves() -> None:
+    # saves 30 s apart (within 10 %) on 2 GB: with this seed, the save after the first warning
+    # moves the median spacing enough to put the failing save beyond the 15 minutes again
+    job = SavingJob(every_s=30.0, total=2048 * MB, jitter=0.1, seed=4, seconds=3000.0)
+    warned = [disk_steps([job.state_at(i)], x.time, DiagnosisConfig())[1] for i, x in enumerate(job.samples)]
+    first = warned.index(True)
+    assert all(warned[first:]), warned[first:].index(False)
+    g, _ = disk_steps([job.state_at(first)], job.samples[first].time, DiagnosisConfig())
+    assert g is not None and g.eta_s > 800  # warned 15 minutes ahead, not only at the end

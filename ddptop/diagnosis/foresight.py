@@ -22,7 +22,6 @@ import msgspec
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.limits_at_end import at_limit
 from ddptop.diagnosis.rules_resources import disk_steps
-from ddptop.diagnosis.steps import warns
 from ddptop.diagnosis.trend import trend
 from ddptop.protocol import RankState, Sample
 from ddptop.rank_state import kept_levels
@@ -69,9 +68,10 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
     first: tuple[float, float] | None = None  # (time, eta then)
     for end in range(len(points), 0, -1):  # from the death backwards, while it still warns
         now, used_now = points[end - 1]
-        steps = disk_steps([_at(state, levels, now, used_now)], now) if cause == "disk" else None
+        steps, warned = disk_steps([_at(state, levels, now, used_now)], now, config) if cause == "disk" \
+            else (None, False)
         if steps is not None:  # saves recognised: the live rule judged by them alone
-            if warns(steps, config.exhaustion_warning_s):
+            if warned:
                 first = (now, steps.eta_s)
                 continue
             if first is None and now > died_at - window:

@@ -30,7 +30,7 @@ from typing import cast
 from ddptop.diagnosis.common import active, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, Forecast, Severity
-from ddptop.diagnosis.steps import StepGrowth, ordinal, step_growth, warns
+from ddptop.diagnosis.steps import StepGrowth, judged, ordinal
 from ddptop.diagnosis.trend import Trend, trend
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
@@ -99,9 +99,9 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                         groups[where].append(s)
             for where, group in groups.items():
                 if limit.kind == "disk_exhaustion":
-                    steps = disk_steps(group, now)
+                    steps, warned = disk_steps(group, now, config)
                     if steps is not None:  # saves recognised: their forecast alone, steady between saves
-                        if warns(steps, config.exhaustion_warning_s):
+                        if warned:
                             out.append(_step_finding((host, where), group, steps, config))
                         continue
                 rep = longest if group is members or longest in group else \
@@ -112,13 +112,13 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
     return out
 
 
-def disk_steps(group: list[RankState], now: float) -> StepGrowth | None:
+def disk_steps(group: list[RankState], now: float, config: DiagnosisConfig) -> tuple[StepGrowth | None, bool]:
     """The saves filling the checkpoint disk *group* shares, from the rank that kept most of its
-    levels (the one that saves). No time-based warm-up: a job's first save counts as its others
-    do; MIN_RISES alike saves are the warm-up (what a start-up writes once is not alike)."""
+    levels (the one that saves), and whether they warn. No time-based warm-up: a job's first
+    save counts as its others do; MIN_RISES alike saves are the warm-up (what a start-up writes
+    once is not alike)."""
     rep = max(group, key=lambda s: len(s.disk_levels))
-    return step_growth(rep.disk_levels, rep.disk_used_bytes, rep.disk_total_bytes, now,
-                       since=rep.start_time)
+    return judged(rep.disk_levels, rep.disk_total_bytes, now, rep.start_time, config.exhaustion_warning_s)
 
 
 def _forecast(limit: Limit, rep: RankState, histories: dict[int, list[Sample]],

@@ -26,6 +26,8 @@ ALIKE = 2.0  # a rise (its size, its spacing) within this factor of the run's me
 KEPT_SHARE = 0.5  # of what the run's saves added, at least this much stayed
 STOPPED_AFTER = 2.5  # spacings without a rise: the growth stopped
 HORIZON_SAVES = 2  # warned this many spacings ahead at least: saves 10 minutes apart, 20 minutes ahead
+HELD_SAVES = 3  # a warning made at one of the last this many saves holds ...
+HELD_SHARE = 1.5  # ... while the failing save is due within this share of the horizon
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +70,17 @@ def rises(levels: Sequence[tuple[float, float]]) -> list[tuple[float, float, flo
     return out
 
 
-def step_growth(levels: Sequence[tuple[float, float]], used: float | None, limit: float | None,
-                now: float, since: float = 0.0) -> StepGrowth | None:
-    """The growth of *levels* (time-ordered (wall clock, used)) towards *limit* at *now*, *used*
-    the use now; None where no run of alike saves after *since* (the warm-up) keeps growing."""
-    if not limit or limit <= 0 or used is None:
+def step_growth(levels: Sequence[tuple[float, float]], limit: float | None, now: float,
+                since: float = 0.0) -> StepGrowth | None:
+    """The growth of *levels* (time-ordered (wall clock, used)) towards *limit* at *now*; None
+    where no run of alike saves after *since* keeps growing. The use is the newest level's, not
+    the newest read: a read while a save is written would move the count of saves that fit."""
+    if not limit or limit <= 0:
         return None
     known = [(t, v) for t, v in levels if t <= now]
+    if not known:
+        return None
+    used = known[-1][1]
     found = [r for r in rises(known) if r[0] >= since][-MAX_RISES - 1:]
     if len(found) > MIN_RISES and found[-1][1] < median(r[1] for r in found) / ALIKE:
         # The newest rise is smaller than a save: one read mid-way (its end is read next, and
@@ -111,7 +117,36 @@ def step_growth(levels: Sequence[tuple[float, float]], used: float | None, limit
 def warns(growth: StepGrowth, warning_s: float) -> bool:
     """Whether *growth*'s failing save is near enough to warn of: within *warning_s* (as a trend
     is), or within HORIZON_SAVES spacings where saves are further apart than that allows."""
-    return growth.eta_s < max(warning_s, HORIZON_SAVES * growth.every_s)
+    return growth.eta_s < _horizon(growth, warning_s)
+
+
+def _horizon(growth: StepGrowth, warning_s: float) -> float:
+    return max(warning_s, HORIZON_SAVES * growth.every_s)
+
+
+def judged(levels: Sequence[tuple[float, float]], limit: float | None, now: float, since: float,
+           warning_s: float) -> tuple[StepGrowth | None, bool]:
+    """:func:`step_growth` at *now*, and whether it warns. A warning once made holds: where the
+    forecast of one of the last HELD_SAVES saves warned before the next save came, the forecast still
+    warns while its failing save is due within HELD_SHARE of the horizon (each save moves the
+    spacings' median a little: a due time near the horizon would come and go with them)."""
+    growth = step_growth(levels, limit, now, since)
+    if growth is None:
+        return None, False
+    if warns(growth, warning_s):
+        return growth, True
+    if growth.eta_s >= HELD_SHARE * _horizon(growth, warning_s):
+        return growth, False
+    until = growth.last_at  # the forecast each save before made, just before the next came
+    for _ in range(HELD_SAVES):
+        prior = [lv for lv in levels if lv[0] < until]
+        before = step_growth(prior, limit, until - 1e-3, since)
+        if before is None:
+            break
+        if warns(before, warning_s):
+            return growth, True
+        until = before.last_at
+    return growth, False
 
 
 def ordinal(n: int) -> str:
