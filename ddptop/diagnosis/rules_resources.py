@@ -37,6 +37,7 @@ from ddptop.protocol import RankState, Sample
 from ddptop.textfmt import human_bytes, human_duration
 
 OWN_SHARE = 0.5  # host memory: the ranks' RSS rises at least this share of the host's to be named
+NAMED_SHARE = 0.1  # ... else a rank is named where its own rise is this share of the host's or more
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,14 +176,14 @@ def _finding(limit: Limit, key: tuple[str, str], members: list[RankState], t: Tr
         evidence += [f"rank {rank}'s RSS rising {human_bytes(rate)}/s" for rate, rank in risers[:3]]
         own = sum(rate for rate, _ in risers)
         if limit.resource == "host memory" and own < OWN_SHARE * t.rate:
-            # The host's memory is everyone's: the ranks are named for their own growth only.
-            named = sorted(rank for _, rank in risers)
+            # The host's memory is everyone's: the ranks are named for their own growth only,
+            # each for a share of the host's rise (a few KB/s of a Python heap is no cause).
+            named = sorted(rank for rate, rank in risers if rate >= NAMED_SHARE * t.rate)
             workers = " (their DataLoader workers' among them?)" if any(s.loader_workers for s in members) \
                 else ""
-            whose = (f"the job's ranks are flat: other processes{workers} grow {human_bytes(t.rate - own)}/s"
-                     if not risers else
-                     f"the job's ranks grow {human_bytes(own)}/s of it: other processes{workers} grow "
-                     f"{human_bytes(t.rate - own)}/s")
+            others = f"other processes{workers} grow {human_bytes(t.rate - own)}/s"
+            whose = (f"the job's ranks are flat: {others}" if own < NAMED_SHARE * t.rate else
+                     f"the job's ranks grow {human_bytes(own)}/s of it: {others}")
             title = (f"{place} full in about {human_duration(t.eta_s)}, at {clock}: {human_bytes(t.used)} of "
                      f"{human_bytes(t.limit)}, rising {human_bytes(t.rate)}/s; {whose}")
             evidence.append(whose)
