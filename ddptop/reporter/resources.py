@@ -157,6 +157,7 @@ class ResourceReader:
         self._inactive = 0  # the cgroup's inactive file cache at the last slow read
         self.disk: DiskUse | None = None
         self.disk_levels: list[tuple[float, int]] = []  # replaced, never mutated (states share it)
+        self._levels_mount = ""  # the filesystem they are of
         self._saves_seen = 0
         self._proc_cgroup: str | None = None  # /proc/self/cgroup as last read
         self._slow_due = 0.0
@@ -195,10 +196,12 @@ class ResourceReader:
     def _read_disk(self) -> None:
         directory = self.checkpoint_dir or self.saved_to
         disk = disk_use(directory) if directory else None
-        if disk is None or self.disk is None or disk.mount != self.disk.mount:
-            self.disk_levels = []  # another filesystem: its steps start anew
         self.disk = disk
-        if disk is not None and SAVES.started == SAVES.returned:
+        if disk is None:
+            return  # unreadable for now (a network filesystem's hiccup): the levels stay
+        if disk.mount != self._levels_mount:
+            self._levels_mount, self.disk_levels = disk.mount, []  # another filesystem: anew
+        if SAVES.started == SAVES.returned:  # half a save is not a level
             self.disk_levels = kept_levels(self.disk_levels, time.time(), disk.used)
 
     def _reopen(self, level: CgroupFiles | None) -> None:
