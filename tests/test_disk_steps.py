@@ -119,8 +119,12 @@ def test_a_save_that_did_not_fit_is_told_as_the_full_disk_whatever_torch_says() 
     assert said in lost.title and "one save takes 40.0M" in lost.title, lost.title
     assert "unexpected pos" in lost.title
     told = [e for e in lost.evidence if "foreseen" in e]
-    assert told and re.search(r"foreseen 1m\d\ds before, at \d\d:\d\d:\d\d: its checkpoint disk \(/ckpt\)",
-                              told[0]), lost.evidence
+    said = re.search(r"foreseen 1m(\d\d)s before, at \d\d:\d\d:\d\d: its checkpoint disk \(/ckpt\)", told[0])
+    assert said, lost.evidence
+    # the post-mortem replays what the live rule said: its first warning, to the second
+    assert job.died_at is not None
+    first = next(t for t, found in _looks(job) if found)
+    assert abs((job.died_at - first) - (60 + int(said[1]))) <= 1.5, (job.died_at - first, told)
     assert "keep the last N checkpoints" in lost.remedy
 
 
@@ -149,3 +153,15 @@ def test_a_warning_made_holds_while_the_spacings_median_moves() -> None:
     assert all(warned[first:]), warned[first:].index(False)
     g, _ = disk_steps([job.state_at(first)], job.samples[first].time, DiagnosisConfig())
     assert g is not None and g.eta_s > 800  # warned 15 minutes ahead, not only at the end
+
+
+def test_the_post_mortem_judges_the_levels_the_rank_kept_not_more() -> None:
+    # a rank that kept no baseline (its first save no rise): the post-mortem must not rebuild
+    # one from the samples (it would warn a save earlier than the live rule did)
+    job = SavingJob(every_s=25.0, start=NOW - 400)
+    job.levels_at = [levels[1:] for levels in job.levels_at]
+    _dead, lost = _died_of_a_full_disk(job)
+    said = re.search(r"foreseen (\d+)m(\d\d)s before", next(e for e in lost.evidence if "foreseen" in e))
+    assert said and job.died_at is not None
+    lead = job.died_at - next(t for t, found in _looks(job) if found)
+    assert abs(lead - (60 * int(said[1]) + int(said[2]))) <= 1.5, (lead, said[0])

@@ -113,6 +113,17 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mnt)], check=True, capture_output=True)
 
 
+def test_a_filesystems_first_read_is_its_baseline_even_mid_save(small_disk: Path) -> None:
+    reader = ResourceReader()
+    state = RankState(rank=0, local_rank=0, world_size=1, host="h", pid=os.getpid())
+    SAVES.started += 1  # the first save to it has begun: its directory is known from it
+    try:
+        reader.fill(state, saved_to=str(small_disk), slow_ok=False, torch_ready=False)
+    finally:
+        SAVES.returned += 1
+    assert len(state.disk_levels) == 1  # else the first save would be no rise
+
+
 def test_a_save_that_returned_is_read_at_the_next_sample_and_kept_as_a_level(small_disk: Path) -> None:
     reader = ResourceReader()
     state = RankState(rank=0, local_rank=0, world_size=1, host="h", pid=os.getpid())

@@ -24,7 +24,7 @@ from ddptop.diagnosis.limits_at_end import at_limit
 from ddptop.diagnosis.rules_resources import disk_steps
 from ddptop.diagnosis.trend import trend
 from ddptop.protocol import RankState, Sample
-from ddptop.rank_state import kept_levels
+from ddptop.rank_state import DISK_LEVELS_KEPT, kept_levels
 from ddptop.textfmt import human_duration
 
 HISTORY_MARGIN_S = 10.0  # as ddptop.diagnosis's: the window the live rules get
@@ -94,9 +94,11 @@ def foreseen(state: RankState, history: Sequence[Sample], died_at: float, cause:
 
 
 def _levels(state: RankState, history: Sequence[Sample]) -> list[tuple[float, int]]:
-    """The disk's levels over the whole *history*: those the rank kept (its newest
-    DISK_LEVELS_KEPT), and before them, as kept from its samples' disk use (the same reads)."""
+    """The disk's levels over the whole *history*: those the rank kept, and where it kept its
+    newest DISK_LEVELS_KEPT only, before them as kept from its samples' disk use (the same reads)."""
     kept = state.disk_levels
+    if kept and len(kept) < DISK_LEVELS_KEPT:
+        return kept  # all the rank kept: what the live rule judged, nothing before them
     since = kept[0][0] if kept else float("inf")
     older: list[tuple[float, int]] = []
     for x in history:

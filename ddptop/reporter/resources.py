@@ -201,7 +201,9 @@ class ResourceReader:
             return  # unreadable for now (a network filesystem's hiccup): the levels stay
         if disk.mount != self._levels_mount:
             self._levels_mount, self.disk_levels = disk.mount, []  # another filesystem: anew
-        if SAVES.started == SAVES.returned:  # half a save is not a level
+        # Half a save is not a level; but the first read of a filesystem is its baseline (read
+        # as the first save to it begins: without it that save would be no rise).
+        if SAVES.started == SAVES.returned or not self.disk_levels:
             self.disk_levels = kept_levels(self.disk_levels, time.time(), disk.used)
 
     def _reopen(self, level: CgroupFiles | None) -> None:
