@@ -195,3 +195,19 @@ def test_the_node_agent_follows_a_rank_into_the_cgroup_it_was_moved_to() -> None
             assert verdict.cause == "" and verdict.limit_bytes == 512 * MIB, verdict
         finally:
             stop_tree(sleeper)
+
+
+def test_a_directory_known_from_a_save_that_returned_starts_from_the_use_before_it(small_disk: Path) -> None:
+    # the directory became known from a save the reporter read only once it had returned: the
+    # level before it is the use less the file it wrote (else that first save would be no rise)
+    ckpt = small_disk / "step1.pt"
+    ckpt.write_bytes(b"\1" * (4 * MIB))
+    SAVES.path, SAVES.started_at = str(ckpt), 123.0
+    reader = ResourceReader()
+    state = RankState(rank=0, local_rank=0, world_size=1, host="h", pid=os.getpid())
+    try:
+        reader.fill(state, saved_to=str(small_disk), slow_ok=False, torch_ready=False)
+    finally:
+        SAVES.path = ""
+    (t0, before), (_, after) = state.disk_levels
+    assert t0 == 123.0 and after - before == 4 * MIB, state.disk_levels

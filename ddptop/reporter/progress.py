@@ -219,17 +219,20 @@ def _patch_save(torch_module: Any) -> list[str]:
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(f, str | os.PathLike):
             return original(obj, f, *args, **kwargs)
+        saves = resources.SAVES
         try:
-            p.saved_to = os.path.dirname(os.path.abspath(os.fspath(f)))
+            saves.path = os.path.abspath(os.fspath(f))
+            saves.started_at = time.time()
+            p.saved_to = os.path.dirname(saves.path)
         except Exception:
             p.hook_errors += 1
-        resources.SAVES.started += 1
+        saves.started += 1
         try:
             return original(obj, f, *args, **kwargs)
         finally:
             # Its disk is read at the reporter's next sample, not on the slow cadence: growth
             # in steps is seen step by step (#55). A counter only: the read is not on this thread.
-            resources.SAVES.returned += 1
+            saves.returned += 1
 
     save._ddptop_patched = True  # type: ignore[attr-defined]
     torch_module.save = save

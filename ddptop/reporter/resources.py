@@ -40,11 +40,13 @@ class SaveCount:
     the patched ``torch.save`` on the training thread, read by the reporter thread (counters only).
     A read while one is being written is not kept as a level: half a save is not a step."""
 
-    __slots__ = ("returned", "started")
+    __slots__ = ("path", "returned", "started", "started_at")
 
     def __init__(self) -> None:
         self.started = 0
         self.returned = 0
+        self.path = ""  # the newest save's file
+        self.started_at = 0.0  # and when it began (wall clock)
 
 
 SAVES = SaveCount()
@@ -144,6 +146,18 @@ def disk_use(directory: str) -> DiskUse | None:
     return DiskUse(str(mount), used, used + st.f_bavail * st.f_frsize)
 
 
+def _before_first_save(disk: DiskUse) -> list[tuple[float, int]]:
+    """The level before the save that made a directory known (read once it returned): the use
+    less the file it wrote, when it began; [] where that file is not on *disk* (or gone)."""
+    if not SAVES.path or not SAVES.path.startswith(disk.mount):
+        return []
+    try:
+        size = os.stat(SAVES.path).st_blocks * 512  # what it takes of the filesystem
+    except OSError:
+        return []
+    return [(SAVES.started_at, disk.used - size)] if disk.used - size >= 0 else []
+
+
 class ResourceReader:
     """Reads the rank's memory cgroup and checkpoint filesystem; keeps the last values."""
 
@@ -204,6 +218,8 @@ class ResourceReader:
         # Half a save is not a level; but the first read of a filesystem is its baseline (read
         # as the first save to it begins: without it that save would be no rise).
         if SAVES.started == SAVES.returned or not self.disk_levels:
+            if not self.disk_levels and SAVES.started == SAVES.returned:
+                self.disk_levels = _before_first_save(disk)
             self.disk_levels = kept_levels(self.disk_levels, time.time(), disk.used)
 
     def _reopen(self, level: CgroupFiles | None) -> None:
