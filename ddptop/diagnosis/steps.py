@@ -85,7 +85,7 @@ def step_growth(levels: Sequence[tuple[float, float]], limit: float | None, now:
     if len(found) > MIN_RISES and found[-1][1] < median(r[1] for r in found) / ALIKE:
         # The newest rise is smaller than a save: one read mid-way (its end is read next, and
         # joined to it): the forecast stays what the saves before it made it.
-        found.pop()
+        used = found.pop()[2]
     found = found[-MAX_RISES:]
     if len(found) < MIN_RISES:
         return None
