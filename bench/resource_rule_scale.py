@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/resource_rule_scale.py [--ranks 32768] [--repeat 3
 constructed jobs, each rank with 41 samples (the window the rate rules get): every host's
 limits level (a 4 GiB sawtooth on its cgroup: the ETA bound ends each limit in C), and every
 host's cgroup rising towards its limit (a trend, a finding and its RSS risers per host: the
-worst case). Process CPU time, median of ``--repeat`` runs.
+worst case); and every host's disk judged by its saves (#55). Process CPU time, median of ``--repeat`` runs.
 """
 
 from __future__ import annotations
@@ -27,16 +27,19 @@ GIB, MIB = 1 << 30, 1 << 20
 NOW = 1_000_000.0
 
 
-def build(n: int, rising: bool) -> tuple[JobSnapshot, dict[int, list[Sample]]]:
-    """*n* running ranks, 8 a host, and their last 41 samples."""
+def build(n: int, rising: bool, saves: bool = False) -> tuple[JobSnapshot, dict[int, list[Sample]]]:
+    """*n* running ranks, 8 a host, and their last 41 samples (*saves*: each host's first rank
+    has kept 32 levels of its disk, a 40 GiB save a minute: judged by its saves, #55)."""
     states, hists = [], {}
+    levels = [(NOW - 60.0 * (32 - k), 1024 * GIB + k * 40 * GIB) for k in range(32)]
     for r in range(n):
         states.append(RankState(
             rank=r, local_rank=r % 8, world_size=n, host=f"h{r // 8}", pid=r, status="running", time=NOW,
             start_time=NOW - 600, mem_total_bytes=256 * GIB, mem_available_bytes=180 * GIB,
             shm_used_bytes=256 * MIB, shm_total_bytes=32 * GIB, cgroup_path="/job",
             cgroup_memory_limit_bytes=240 * GIB, disk_path="/ckpt", disk_mount="/ckpt",
-            disk_total_bytes=8192 * GIB, disk_used_bytes=2048 * GIB))
+            disk_total_bytes=8192 * GIB, disk_used_bytes=2048 * GIB,
+            disk_levels=levels if saves and r % 8 == 0 else []))
         hists[r] = [Sample(
             time=NOW - 40 + i, step=i, epoch=0, batch=i, seq=i, step_time_s=0.2, data_wait_fraction=0.0,
             loader_ready_batches=2, cpu_percent=100.0, rss_bytes=2 * GIB, gpu_util_percent=None,
@@ -51,15 +54,17 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=32768)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    for rising in (False, True):
-        snapshot, histories = build(args.ranks, rising)
+    for rising, saves in ((False, False), (True, False), (False, True)):
+        snapshot, histories = build(args.ranks, rising, saves)
         times: list[float] = []
         for _ in range(args.repeat):
             start = time.process_time()
             with one_diagnosis():
                 found = resource_exhaustion(snapshot, histories, NOW, DiagnosisConfig())
             times.append(time.process_time() - start)
-        print(f"{args.ranks} ranks, {'every host cgroup rising' if rising else 'every limit level'}: "
+        what = "every host cgroup rising" if rising else "every host's disk saving" if saves else \
+            "every limit level"
+        print(f"{args.ranks} ranks, {what}: "
               f"{statistics.median(times) * 1e3:.0f} ms CPU (median of {args.repeat}), {len(found)} findings")
 
 

@@ -79,7 +79,7 @@ DETAIL_FIELDS: frozenset[str] = frozenset((
     "memory_limit_bytes", "memory_peak_bytes", "worker_crashes", "stuck",
     # the limits the resource trends are judged against, and who shares them
     "mem_total_bytes", "cgroup_path", "cgroup_memory_limit_bytes", "disk_path", "disk_mount",
-    "disk_total_bytes",
+    "disk_total_bytes", "disk_levels",
     # where a rank that makes no progress is in the user's code (changes when it moves)
     "where",
     # group structure
@@ -155,7 +155,7 @@ def detail_key(s: RankState) -> tuple[Any, ...]:
         s.exit_code, s.exit_signal, s.exited_at, s.exit_cause, s.memory_limit_bytes, s.memory_peak_bytes,
         s.worker_crashes, s.stuck, s.where, len(s.load_avg),
         s.mem_total_bytes, s.cgroup_path, s.cgroup_memory_limit_bytes, s.disk_path, s.disk_mount,
-        s.disk_total_bytes,
+        s.disk_total_bytes, s.disk_levels,
         # map, not generator expressions: an agent keys every state of its ranks (and the
         # synthetic job's 4,096 agents 32,768 a second): 3.4 -> 2.1 us a running state, 4.6 -> 3.3 us
         # one waiting in a collective (its pending op).

@@ -26,6 +26,8 @@ ENQUEUE_STRIDE = 8
 # (one byte each in msgpack, a 56-byte list or a 24-byte float each once decoded) must
 # not turn one 16 MiB frame into gigabytes. Far above anything a reporter sends.
 MAX_DIMS = 64  # dimensions of one tensor shape
+DISK_STEP_BYTES = 1 << 20  # a move of the checkpoint disk's use this big is a level of its own
+DISK_LEVELS_KEPT = 32  # RankState.disk_levels: the newest kept (eight saves and more, rotated or kept)
 MAX_ITEMS = 4096  # tensors of an op, groups, pending ops per group, threads, pids, env vars
 MAX_SAMPLES = 100_000  # history samples in one frame
 Shape = Annotated[list[int], msgspec.Meta(max_length=MAX_DIMS)]
@@ -267,6 +269,11 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     disk_mount: str = ""  # the mount point of its filesystem
     disk_used_bytes: int | None = None  # used on that filesystem
     disk_total_bytes: int | None = None  # used + available to the rank (root's reserve left out)
+    # (#55) that filesystem's use each time it moved by a step (DISK_STEP_BYTES or more), read
+    # right after each torch.save and on the slow cadence: [wall clock, used bytes], the newest
+    # DISK_LEVELS_KEPT. Growth in steps (checkpoints minutes apart) is forecast from it: the
+    # samples a viewer's rules get cover too few seconds to see two saves.
+    disk_levels: Annotated[list[tuple[float, int]], msgspec.Meta(max_length=MAX_ITEMS)] = []
     gpu_reserved_bytes: int | None = None  # torch's caching allocator, where CUDA is initialised
     # environment and fingerprints
     versions: Versions = msgspec.field(default_factory=Versions)
@@ -296,6 +303,16 @@ class RankState(msgspec.Struct, gc=False, kw_only=True):
     # signal, no ptrace), its innermost frame outside torch, ddptop and the standard library;
     # None while it progresses.
     where: FrameStack | None = None
+
+
+def kept_levels(levels: list[tuple[float, int]], now: float, used: int) -> list[tuple[float, int]]:
+    """``RankState.disk_levels`` *levels* with (*now*, *used*) added where the use moved by
+    DISK_STEP_BYTES or more since the newest kept (a new list then; the same one otherwise), the
+    newest DISK_LEVELS_KEPT: the one way levels are kept (the reporter at each read of its disk,
+    the simulated jobs of the tests and benches)."""
+    if levels and abs(used - levels[-1][1]) < DISK_STEP_BYTES:
+        return levels
+    return [*levels[-(DISK_LEVELS_KEPT - 1):], (now, used)]
 
 
 class Sample(msgspec.Struct, gc=False, kw_only=True, array_like=True):

@@ -11,7 +11,13 @@
   write fails, which ends the rank;
 * ``healthy``: a warm-up that allocates ``PROBE_WARMUP_MB`` over its first 10 s then keeps
   it, a per-step sawtooth of ``PROBE_SAW_MB`` allocated and freed, and checkpoints that
-  replace the last one, until ``PROBE_SECONDS`` or a release file.
+  replace the last one, until ``PROBE_SECONDS`` or a release file;
+* ``disk`` (#55): rank 0 saves a checkpoint of ``PROBE_CKPT_MB`` every ``PROBE_CKPT_EVERY`` s
+  into ``PROBE_CKPT_DIR`` (known to ddptop only from ``torch.save``), keeps the last
+  ``PROBE_CKPT_KEEP`` (0: all of them); the save that does not fit ends the rank.
+
+``PROBE_LEAK_MBS`` sets the ``memory`` leak's pace outright (MB/s): for a rank moved into its
+memory cgroup after it started, whose headroom at the start says nothing.
 """
 
 from __future__ import annotations
@@ -78,10 +84,13 @@ def main() -> None:
     fill_s = float(os.environ.get("PROBE_FILL_S", "90"))
     kept: list[bytearray] = []
     pace = max(MB, int(_cgroup_headroom() / fill_s)) if leaker else 0
+    if leaker and os.environ.get("PROBE_LEAK_MBS"):
+        pace = int(float(os.environ["PROBE_LEAK_MBS"]) * MB)
     if leaker:
         print(f"rank {rank}: leaking {pace / MB:.1f} MB/s (pid {os.getpid()})", flush=True)
     ckpt = Path(os.environ.get("PROBE_CKPT_DIR", f"/tmp/probe-ckpt-{uuid.uuid4().hex[:6]}"))
-    saving = grow in ("shm_disk", "healthy") and rank == 0
+    saving = grow in ("shm_disk", "healthy", "disk") and rank == 0
+    keep = int(os.environ.get("PROBE_CKPT_KEEP", "0"))
     if saving:
         ckpt.mkdir(parents=True, exist_ok=True)
     every = float(os.environ.get("PROBE_CKPT_EVERY", "1"))
@@ -110,11 +119,14 @@ def main() -> None:
             last_save = now
             try:
                 torch.save(blob, ckpt / f"step{step:06d}.pt")
-                if grow == "healthy":
-                    for old in sorted(ckpt.glob("step*.pt"))[:-1]:
+                print(f"rank {rank}: saved at t={time.time():.3f}", flush=True)
+                if grow == "healthy" or keep:
+                    for old in sorted(ckpt.glob("step*.pt"))[:-(keep or 1)]:
                         old.unlink()
             except Exception as exc:
                 print(f"rank {rank}: checkpoint save failed at t={time.time():.3f}: {exc}", flush=True)
+                if grow == "disk":
+                    raise
                 saving = False
         dist.all_reduce(t)
         time.sleep(0.1)

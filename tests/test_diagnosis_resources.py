@@ -187,3 +187,56 @@ def test_a_ranks_first_seconds_are_not_judged() -> None:
     s, h = leak_job("cgroup_memory_bytes", lambda i, t: 3 * GIB + 8 * MIB * t,
                     **dict(CGROUP, start_time=NOW - 70))  # 40 s of it are past its first 30 s
     assert kinds(exhaustion(diagnose(s, h, NOW))) == ["memory_exhaustion"]
+
+
+HOST = dict(mem_total_bytes=16 * GIB, mem_available_bytes=GIB)
+
+
+def test_host_memory_filled_by_other_processes_names_no_rank() -> None:
+    # the host rises 20 MiB/s; every rank's RSS is flat at 1 GiB (the rate samples' own)
+    s, h = leak_job("host_memory_used_bytes", lambda i, t: 15 * GIB + 20 * MIB * t, **HOST)
+    f = only(diagnose(s, h, NOW), "memory_exhaustion")
+    assert f.ranks == []
+    assert f.forecast is not None and f.forecast.shared_by == [0, 1, 2, 3]
+    assert "the job's ranks are flat: other processes (their DataLoader workers' among them?) grow 20.0M/s" \
+        in f.title, f.title
+
+
+def test_host_memory_names_the_ranks_whose_own_memory_grows() -> None:
+    s, h = leak_job("host_memory_used_bytes", lambda i, t: 15 * GIB + 20 * MIB * t, **HOST)
+    h[3] = [msgspec.structs.replace(x, rss_bytes=GIB + 18 * MIB * i) for i, x in enumerate(h[3])]
+    f = only(diagnose(s, h, NOW), "memory_exhaustion")
+    assert f.ranks == [0, 1, 2, 3] and "other processes" not in f.title
+    assert "rank 3's RSS rising 18.0M/s" in f.evidence
+    # a rank growing a part, the rest elsewhere: that rank named, and the others' share said
+    h[3] = [msgspec.structs.replace(x, rss_bytes=GIB + 3 * MIB * i) for i, x in enumerate(h[3])]
+    f = only(diagnose(s, h, NOW), "memory_exhaustion")
+    assert f.ranks == [3] and "the job's ranks grow 3.0M/s of it: other processes" in f.title, f.title
+    # a Python heap's creep is no cause: nobody named
+    h[3] = [msgspec.structs.replace(x, rss_bytes=GIB + 100_000 * i) for i, x in enumerate(h[3])]
+    f = only(diagnose(s, h, NOW), "memory_exhaustion")
+    assert f.ranks == [] and "the job's ranks are flat" in f.title, f.title
+
+
+def test_an_oom_kill_in_a_cgroup_the_rank_was_moved_into_names_it_and_its_limit() -> None:
+    # the node agent read no limit (the rank's first cgroup had none); the rank's own last
+    # state read the cgroup it was moved into
+    died_at = NOW - 5
+    s, h = _dead_of_oom(lambda i, t: min(1.5 * GIB, GIB + 10 * MIB * t), died_at)
+    dead = msgspec.structs.replace(s.by_rank()[1], memory_limit_bytes=None, memory_peak_bytes=5 * GIB,
+                                   cgroup_path="/moved", cgroup_memory_limit_bytes=int(1.5 * GIB))
+    f = only(diagnose(snap([s.by_rank()[0], dead]), h, NOW), "rank_lost")
+    assert "the cgroup limit 1.5G of /moved" in f.title, f.title
+
+
+def test_a_rank_that_raised_beside_its_full_cgroup_is_told_by_the_cgroup() -> None:
+    dead = rank(1, 2, status="crashed", exit_code=1, exited_at=NOW - 1, time=NOW - 2, cgroup_path="/job",
+                cgroup_memory_limit_bytes=4 * GIB, cgroup_memory_bytes=4 * GIB - MIB,
+                exit_reason="RuntimeError: std::bad_alloc")
+    f = only(diagnose(snap([rank(0, 2), dead]), {0: samples(), 1: samples()}, NOW), "rank_lost")
+    assert "its memory cgroup /job was full: 4.0G of 4.0G at the last sample" in f.title, f.title
+    assert "std::bad_alloc" in f.title
+    # a stop from outside is told as a stop, whatever was full
+    stopped = msgspec.structs.replace(dead, exit_signal="SIGTERM", status="terminated")
+    f = only(diagnose(snap([rank(0, 2), stopped]), {0: samples(), 1: samples()}, NOW), "rank_lost")
+    assert "was full" not in f.title

@@ -3,7 +3,7 @@
 ``python tests/watch_resources.py JOB [SECONDS]``, in the job's environment (its runtime dir).
 Each line: ``{"t": wall clock, "running": ranks running, "alive": ranks not ended, "statuses":
 [...], "findings": [[kind, severity, ranks,
-eta_s, resource], ...]}`` for the ``*_exhaustion`` findings only. Waits for the job to appear,
+eta_s, resource, title], ...]}`` for the ``*_exhaustion`` findings only. Waits for the job to appear,
 ends with the job (or after SECONDS, 300 by default). Run and stopped by tests/test_resource_e2e.py.
 """
 
@@ -28,7 +28,7 @@ def main() -> int:
         try:
             for look in api.watch(job, every=1.0):
                 found = [[f.kind, f.severity, f.ranks, f.forecast.eta_s if f.forecast else None,
-                          f.forecast.resource if f.forecast else ""]
+                          f.forecast.resource if f.forecast else "", f.title]
                          for f in look.findings.findings if f.kind in KINDS]
                 running = sum(1 for s in look.snapshot.ranks if s.status == "running")
                 # Alive: running, or late with a sample on a loaded machine (stale), not ended

@@ -3,7 +3,8 @@
 A SIGKILL from outside could be the OOM killer, the scheduler or a person; the kernel
 knows which. The node agent notes each rank's memory cgroup and its OOM-kill counter while
 the rank lives (``/proc/PID/cgroup``; cgroup v1 ``memory.oom_control`` ``oom_kill``, v2
-``memory.events`` ``oom_kill``), and when the rank dies of SIGKILL reads the counter again;
+``memory.events`` ``oom_kill``; again every few seconds: a process can be moved into another
+cgroup after it started), and when the rank dies of SIGKILL reads the counter again;
 where it did not move (a machine-wide OOM, or no memory cgroup), ``/dev/kmsg`` is searched
 for the kernel's "Killed process PID" line, where it is readable. Standard library only;
 every read is small, bounded and degrades to "unknown".
@@ -92,6 +93,16 @@ class MemoryWatch:
         self._seen[rank] = (pid, cgroup)
         if cgroup is not None and cgroup.path not in self._accounted:
             self._accounted[cgroup.path] = cgroup.oom_kills() or 0
+
+    def follow(self, rank: int, pid: int) -> None:
+        """Note *rank*'s cgroup again where its process was moved into another since (cgclassify,
+        a scheduler's late placement: #55); the new cgroup's kills so far are not its."""
+        seen_pid, before = self._seen.get(rank, (pid, None))
+        if seen_pid != pid:
+            return
+        now = MemoryCgroup.of(pid)
+        if now is not None and now != before:
+            self.watch(rank, pid, now)
 
     def verdict(self, rank: int, pid: int, signal: str) -> OomVerdict:
         """Whether the OOM killer ended *rank* (only asked of a SIGKILL)."""

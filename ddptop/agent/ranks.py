@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from ddptop.agent.exits import ExitWatcher, ProcessExit
 from ddptop.agent.news import rank_environ
@@ -30,6 +31,8 @@ from ddptop.store import discovery, jobrecord, remains
 from ddptop.store.discovery import Endpoint
 from ddptop.store.remains import MAX_CRASH_READ, has_stacks, read_text_tail
 
+CGROUPS_EVERY_S = 5.0  # each rank's memory cgroup read again (one /proc read a rank)
+
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +48,7 @@ class LocalRanks:
         self._exits = ExitWatcher()
         self._memory = MemoryWatch()
         self._scheduler = SchedulerWatch()
+        self._cgroups_due = 0.0  # monotonic: when the ranks' cgroups are looked at again
 
     @property
     def running(self) -> int:
@@ -85,6 +89,11 @@ class LocalRanks:
     def exits(self, timeout: float) -> list[ProcessExit]:
         """Ranks' processes that ended (waiting up to *timeout*), each once; the end of an
         earlier process of a restarted rank is not the rank's."""
+        if time.monotonic() >= self._cgroups_due:  # a rank moved into another cgroup (#55)
+            self._cgroups_due = time.monotonic() + CGROUPS_EVERY_S
+            with self._lock:
+                for rank, endpoint in list(self.endpoints.items()):
+                    self._memory.follow(rank, endpoint.pid)
         ended = self._exits.poll(timeout)
         return [gone for gone in ended if self.pid_of(gone.key) == gone.pid]
 

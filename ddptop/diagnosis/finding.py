@@ -44,6 +44,11 @@ class Forecast(msgspec.Struct, kw_only=True):
     at: float  # wall clock of the newest sample the forecast read
     reaches_at: float  # wall clock the limit is reached: at + eta_s
     shared_by: list[int] = []  # every rank that shares the limit
+    # Growth in steps (#55: checkpoints): one save's size, their spacing, how many more fit;
+    # null for a smooth trend. ``reaches_at`` is then when the first save that does not fit is due.
+    step_bytes: int | None = None
+    step_every_s: float | None = None
+    steps_fit: int | None = None
 
 
 class Finding(msgspec.Struct, kw_only=True):

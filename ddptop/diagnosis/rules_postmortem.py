@@ -28,7 +28,9 @@ from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.exit_reading import at_step, known_step, read_exit, told_by_log, where_known
 from ddptop.diagnosis.finding import Finding, Severity
 from ddptop.diagnosis.foresight import death_foreseen
+from ddptop.diagnosis.limits_at_end import full_at_own_end, memory_words
 from ddptop.diagnosis.rules_last_words import GLOO_SIZE, lost_peers
+from ddptop.diagnosis.rules_resources import LIMITS
 from ddptop.errortext import innermost
 from ddptop.model.outcome import PEER_GONE
 from ddptop.model.snapshot import JobSnapshot
@@ -314,6 +316,9 @@ def _how(s: RankState) -> str:
     shm = _shm_full(s)
     if shm:
         return shm
+    full = full_at_own_end(s)
+    if full is not None:  # whatever the words: torch.save on a full disk says "unexpected pos"
+        return f"{full.words} ({reason[:200] or s.exit_signal or 'no reason left'})"
     if s.worker_crashes:
         w = s.worker_crashes[0]
         who = f"worker {w.worker_id} " if w.worker_id is not None else "worker "
@@ -323,7 +328,7 @@ def _how(s: RankState) -> str:
     if sig in FATAL_SIGNALS:
         return f"died of {sig}" + (f" ({reason})" if reason and reason != f"died of {sig}" else "")
     if sig == "SIGKILL" and s.exit_cause == "oom_kill":
-        return "killed by the OOM killer: " + _memory_words(s)
+        return "killed by the OOM killer: " + memory_words(s)
     if sig == "SIGKILL":
         return "killed (SIGKILL) from outside the job; the kernel names no OOM kill (scheduler, person?)"
     if sig in ("SIGTERM", "SIGINT", "SIGHUP") or s.status == Status.TERMINATED:
@@ -357,14 +362,6 @@ def _shm_full(s: RankState) -> str:
     return f"/dev/shm is full{size}: {who} could not hand over its batch ({cause_line(s.exit_reason, 320)})"
 
 
-def _memory_words(s: RankState) -> str:
-    rss = s.rss_bytes or s.memory_peak_bytes
-    limit = (f"the cgroup limit {human_bytes(s.memory_limit_bytes)}" if s.memory_limit_bytes
-             else "no cgroup limit")
-    peak = f" (the cgroup peaked at {human_bytes(s.memory_peak_bytes)})" if s.memory_peak_bytes else ""
-    return f"RSS {human_bytes(rss)} at its last sample, {limit}{peak}"
-
-
 def _ended_at(state: RankState, histories: dict[int, list[Sample]]) -> float:
     # The agent's exit time when there is one; else the rank's own last sample with progress
     # (the stub a viewer builds for a dead rank carries the viewer's clock and step 0).
@@ -385,6 +382,9 @@ def _remedy(state: RankState) -> str:
         return ("give the job a bigger /dev/shm (docker --shm-size, a Kubernetes emptyDir of medium "
                 "Memory), use fewer DataLoader workers or a smaller prefetch_factor, or "
                 "torch.multiprocessing.set_sharing_strategy('file_system')")
+    full = full_at_own_end(state)
+    if full is not None and full.cause == "disk":
+        return LIMITS[-1].remedy
     if state.exit_cause == "oom_kill":
         return ("the rank outgrew its memory: lower the batch size, num_workers or prefetch_factor, look "
                 "for a leak in its RSS trend (ddptop replay), or raise the memory limit of the job")

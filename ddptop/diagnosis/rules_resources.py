@@ -10,6 +10,12 @@ limit, the clock time it is reached and every rank that shares it.
 The limits: a rank's memory cgroup (``memory.max`` / v1 ``memory.limit_in_bytes``, read by
 the rank), the host's memory (total less available), the rank's GPU (NVML's used of total),
 the host's ``/dev/shm`` and the filesystem of the rank's checkpoint directory.
+
+A checkpoint disk filled by saves seconds or minutes apart is judged by its saves
+(:mod:`ddptop.diagnosis.steps`, from the levels the rank kept of it) before any slope: where the
+saves are recognised, their forecast alone speaks for that disk. Host memory names the job's
+ranks only where their own RSS grows by at least half of the host's rise; else the finding
+names none and says the growth is elsewhere (#55).
 """
 
 from __future__ import annotations
@@ -24,10 +30,14 @@ from typing import cast
 from ddptop.diagnosis.common import active, ranks_text
 from ddptop.diagnosis.config import DiagnosisConfig
 from ddptop.diagnosis.finding import Finding, Forecast, Severity
+from ddptop.diagnosis.steps import StepGrowth, judged, ordinal
 from ddptop.diagnosis.trend import Trend, trend
 from ddptop.model.snapshot import JobSnapshot
 from ddptop.protocol import RankState, Sample
 from ddptop.textfmt import human_bytes, human_duration
+
+OWN_SHARE = 0.5  # host memory: the ranks' RSS rises at least this share of the host's to be named
+NAMED_SHARE = 0.1  # ... else a rank is named where its own rise is this share of the host's or more
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +99,27 @@ def resource_exhaustion(snapshot: JobSnapshot, histories: dict[int, list[Sample]
                     if where is not None:
                         groups[where].append(s)
             for where, group in groups.items():
+                if limit.kind == "disk_exhaustion":
+                    steps, warned = disk_steps(group, now, config)
+                    if steps is not None:  # saves recognised: their forecast alone, steady between saves
+                        if warned:
+                            out.append(_step_finding((host, where), group, steps, config))
+                        continue
                 rep = longest if group is members or longest in group else \
                     max(group, key=lambda s: len(histories.get(s.rank) or ()))
                 found = _forecast(limit, rep, histories, config)
                 if found is not None:
                     out.append(_finding(limit, (host, where), group, found, histories, config))
     return out
+
+
+def disk_steps(group: list[RankState], now: float, config: DiagnosisConfig) -> tuple[StepGrowth | None, bool]:
+    """The saves filling the checkpoint disk *group* shares, from the rank that kept most of its
+    levels (the one that saves), and whether they warn. No time-based warm-up: a job's first
+    save counts as its others do; MIN_RISES alike saves are the warm-up (what a start-up writes
+    once is not alike)."""
+    rep = max(group, key=lambda s: len(s.disk_levels))
+    return judged(rep.disk_levels, rep.disk_total_bytes, now, rep.start_time, config.exhaustion_warning_s)
 
 
 def _forecast(limit: Limit, rep: RankState, histories: dict[int, list[Sample]],
@@ -135,9 +160,8 @@ def _finding(limit: Limit, key: tuple[str, str], members: list[RankState], t: Tr
     host, where = key
     severity: Severity = "critical" if t.eta_s < config.exhaustion_critical_s else "warning"
     shared = sorted(s.rank for s in members)
-    place = {"cgroup memory": f"memory cgroup {where or '/'} on {host}", "host memory": f"{host}'s memory",
-             "GPU memory": f"{where} on {host}", "/dev/shm": f"/dev/shm on {host}",
-             "disk": f"the filesystem of {where or '?'} on {host}"}[limit.resource]
+    named = shared
+    place = _place(limit.resource, host, where)
     clock = time.strftime("%H:%M:%S", time.localtime(t.reaches_at))
     title = (f"{place} full in about {human_duration(t.eta_s)}, at {clock}: {human_bytes(t.used)} of "
              f"{human_bytes(t.limit)}, rising {human_bytes(t.rate)}/s ({ranks_text(shared)})")
@@ -148,16 +172,61 @@ def _finding(limit: Limit, key: tuple[str, str], members: list[RankState], t: Tr
         f"shared by {ranks_text(shared)}",
     ]
     if limit.kind == "memory_exhaustion" and limit.resource != "GPU memory":
-        evidence += _rss_risers(members, histories)
+        risers = _rss_rates(members, histories)
+        evidence += [f"rank {rank}'s RSS rising {human_bytes(rate)}/s" for rate, rank in risers[:3]]
+        own = sum(rate for rate, _ in risers)
+        if limit.resource == "host memory" and own < OWN_SHARE * t.rate:
+            # The host's memory is everyone's: the ranks are named for their own growth only,
+            # each for a share of the host's rise (a few KB/s of a Python heap is no cause).
+            named = sorted(rank for rate, rank in risers if rate >= NAMED_SHARE * t.rate)
+            workers = " (their DataLoader workers' among them?)" if any(s.loader_workers for s in members) \
+                else ""
+            others = f"other processes{workers} grow {human_bytes(t.rate - own)}/s"
+            whose = (f"the job's ranks are flat: {others}" if own < NAMED_SHARE * t.rate else
+                     f"the job's ranks grow {human_bytes(own)}/s of it: {others}")
+            title = (f"{place} full in about {human_duration(t.eta_s)}, at {clock}: {human_bytes(t.used)} of "
+                     f"{human_bytes(t.limit)}, rising {human_bytes(t.rate)}/s; {whose}")
+            evidence.append(whose)
     forecast = Forecast(resource=limit.resource, where=where or host, used_bytes=int(t.used),
                         limit_bytes=int(t.limit), rate_bytes_per_s=t.rate, eta_s=t.eta_s, at=t.at,
                         reaches_at=t.reaches_at, shared_by=shared)
-    return Finding(kind=limit.kind, severity=severity, ranks=shared, title=title, evidence=evidence,
+    return Finding(kind=limit.kind, severity=severity, ranks=named, title=title, evidence=evidence,
                    remedy=limit.remedy, forecast=forecast)
 
 
-def _rss_risers(members: list[RankState], histories: dict[int, list[Sample]]) -> list[str]:
-    """Which of the ranks sharing a memory limit grow: their RSS floors, fastest first (3)."""
+def _place(resource: str, host: str, where: str) -> str:
+    return {"cgroup memory": f"memory cgroup {where or '/'} on {host}", "host memory": f"{host}'s memory",
+            "GPU memory": f"{where} on {host}", "/dev/shm": f"/dev/shm on {host}",
+            "disk": f"the filesystem of {where or '?'} on {host}"}[resource]
+
+
+def _step_finding(key: tuple[str, str], members: list[RankState], g: StepGrowth,
+                  config: DiagnosisConfig) -> Finding:
+    host, where = key
+    severity: Severity = "critical" if g.eta_s < config.exhaustion_critical_s else "warning"
+    shared = sorted(s.rank for s in members)
+    place = _place("disk", host, where)
+    clock = time.strftime("%H:%M:%S", time.localtime(g.due_at))
+    nth = f"the {ordinal(g.fit + 1)} save from now" if g.fit else "the next save"
+    title = (f"{place} full in about {human_duration(g.eta_s)}, at {clock}: {nth} of "
+             f"{human_bytes(g.step)} (one every {human_duration(g.every_s)}) will not fit; "
+             f"{human_bytes(g.used)} of {human_bytes(g.limit)} ({ranks_text(shared)})")
+    evidence = [
+        f"{place}: {human_bytes(g.used)} used of {human_bytes(g.limit)} ({g.used / g.limit:.0%})",
+        f"its last {g.rises} saves: {human_bytes(g.step)} each, one every {human_duration(g.every_s)}, "
+        f"{human_bytes(g.kept)} of each kept; {g.fit} more fit, {nth} is due at {clock}",
+        f"shared by {ranks_text(shared)}",
+    ]
+    forecast = Forecast(resource="disk", where=where or host, used_bytes=int(g.used),
+                        limit_bytes=int(g.limit), rate_bytes_per_s=g.rate, eta_s=g.eta_s, at=g.at,
+                        reaches_at=g.due_at, shared_by=shared, step_bytes=int(g.step),
+                        step_every_s=g.every_s, steps_fit=g.fit)
+    return Finding(kind="disk_exhaustion", severity=severity, ranks=shared, title=title, evidence=evidence,
+                   remedy=LIMITS[-1].remedy, forecast=forecast)
+
+
+def _rss_rates(members: list[RankState], histories: dict[int, list[Sample]]) -> list[tuple[float, int]]:
+    """(rate, rank) of each of *members* whose RSS floor rises, fastest first."""
     rates: list[tuple[float, int]] = []
     for s in members:
         points = [(x.time, x.rss_bytes) for x in histories.get(s.rank) or [] if x.rss_bytes is not None]
@@ -165,4 +234,4 @@ def _rss_risers(members: list[RankState], histories: dict[int, list[Sample]]) ->
         if t is not None:
             rates.append((t.rate, s.rank))
     rates.sort(reverse=True)
-    return [f"rank {rank}'s RSS rising {human_bytes(rate)}/s" for rate, rank in rates[:3]]
+    return rates

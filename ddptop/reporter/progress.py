@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddptop.protocol import LoaderInfo
-from ddptop.reporter import deepspeed_engine
+from ddptop.reporter import deepspeed_engine, resources
 from ddptop.reporter.loaders import LoaderRecord, page_loader, patch_dataloader, role_of
 from ddptop.store.progress_page import L_STEPS, LAST_STEP_PC_F, STEP, TRAIN_INDEX, ProgressPage
 
@@ -218,12 +218,22 @@ def _patch_save(torch_module: Any) -> list[str]:
 
     @functools.wraps(original)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(f, str | os.PathLike):
-            try:
-                p.saved_to = os.path.dirname(os.path.abspath(os.fspath(f)))
-            except Exception:
-                p.hook_errors += 1
-        return original(obj, f, *args, **kwargs)
+        if not isinstance(f, str | os.PathLike):
+            return original(obj, f, *args, **kwargs)
+        saves = resources.SAVES
+        try:
+            saves.path = os.path.abspath(os.fspath(f))
+            saves.started_at = time.time()
+            p.saved_to = os.path.dirname(saves.path)
+        except Exception:
+            p.hook_errors += 1
+        saves.started += 1
+        try:
+            return original(obj, f, *args, **kwargs)
+        finally:
+            # Its disk is read at the reporter's next sample, not on the slow cadence: growth
+            # in steps is seen step by step (#55). A counter only: the read is not on this thread.
+            saves.returned += 1
 
     save._ddptop_patched = True  # type: ignore[attr-defined]
     torch_module.save = save

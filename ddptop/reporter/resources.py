@@ -3,16 +3,19 @@
 What the viewers' trends (``ddptop.diagnosis.rules_resources``) are judged against. Cheap by
 design, on the reporter thread only:
 
-* the memory cgroup is found once (``/proc/self/cgroup``; v2 ``memory.current`` /
-  ``memory.max``, v1 ``memory.usage_in_bytes`` / ``memory.limit_in_bytes``), walking up to
-  the ancestor whose limit is the tightest (a container's limit sits on a parent of the
-  rank's own cgroup); its use is one ``pread`` of a file kept open (a few microseconds), less
-  its inactive file cache (``memory.stat``: reclaimed before any OOM kill); the limit and the
-  cache re-read every :data:`SLOW_EVERY_S`;
+* the memory cgroup (``/proc/self/cgroup``; v2 ``memory.current`` / ``memory.max``, v1
+  ``memory.usage_in_bytes`` / ``memory.limit_in_bytes``), walking up to the ancestor whose
+  limit is the tightest (a container's limit sits on a parent of the rank's own cgroup); its
+  use is one ``pread`` of a file kept open (a few microseconds), less its inactive file cache
+  (``memory.stat``: reclaimed before any OOM kill); where the rank sits, the limit and the
+  cache re-read every :data:`SLOW_EVERY_S` (a process can be moved into another cgroup after
+  it started: ``cgclassify``, a scheduler's late placement, #55);
 * the checkpoint directory comes from ``DDPTOP_CHECKPOINT_DIR`` (``ddptop launch
   --checkpoint-dir``), else from the rank's own ``torch.save`` to a path (noted by the
   patched ``torch.save``, :mod:`ddptop.reporter.progress`); its filesystem is read with one
-  ``statvfs`` every :data:`SLOW_EVERY_S`.
+  ``statvfs`` every :data:`SLOW_EVERY_S`, and at the first sample after each ``torch.save``
+  returns; each move of its use by ``DISK_STEP_BYTES`` or more is kept
+  (``RankState.disk_levels``): growth in steps is forecast from those.
 
 Nothing here raises: a file that cannot be read leaves its field ``None``. Standard library only.
 """
@@ -25,11 +28,28 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddptop.rank_state import RankState
+from ddptop.rank_state import RankState, kept_levels
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded LONG_MAX; v2 says "max"
 SLOW_EVERY_S = 5.0  # limits and statvfs: they move slowly, and a network filesystem can be slow
+
+
+class SaveCount:
+    """How many ``torch.save`` calls to a path have started, and returned (or raised): bumped by
+    the patched ``torch.save`` on the training thread, read by the reporter thread (counters only).
+    A read while one is being written is not kept as a level: half a save is not a step."""
+
+    __slots__ = ("path", "returned", "started", "started_at")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.returned = 0
+        self.path = ""  # the newest save's file
+        self.started_at = 0.0  # and when it began (wall clock)
+
+
+SAVES = SaveCount()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +146,18 @@ def disk_use(directory: str) -> DiskUse | None:
     return DiskUse(str(mount), used, used + st.f_bavail * st.f_frsize)
 
 
+def _before_first_save(disk: DiskUse) -> list[tuple[float, int]]:
+    """The level before the save that made a directory known (read once it returned): the use
+    less the file it wrote, when it began; [] where that file is not on *disk* (or gone)."""
+    if not SAVES.path or not SAVES.path.startswith(disk.mount):
+        return []
+    try:
+        size = os.stat(SAVES.path).st_blocks * 512  # what it takes of the filesystem
+    except OSError:
+        return []
+    return [(SAVES.started_at, disk.used - size)] if disk.used - size >= 0 else []
+
+
 class ResourceReader:
     """Reads the rank's memory cgroup and checkpoint filesystem; keeps the last values."""
 
@@ -138,6 +170,10 @@ class ResourceReader:
         self.cgroup_limit: int | None = None
         self._inactive = 0  # the cgroup's inactive file cache at the last slow read
         self.disk: DiskUse | None = None
+        self.disk_levels: list[tuple[float, int]] = []  # replaced, never mutated (states share it)
+        self._levels_mount = ""  # the filesystem they are of
+        self._saves_seen = 0
+        self._proc_cgroup: str | None = None  # /proc/self/cgroup as last read
         self._slow_due = 0.0
 
     def cgroup_usage(self) -> int | None:
@@ -157,18 +193,34 @@ class ResourceReader:
         if now < self._slow_due and not force:
             return False
         self._slow_due = now + SLOW_EVERY_S
-        if self._levels is None:
-            try:
-                self._levels = cgroup_levels(Path("/proc/self/cgroup").read_text())
-            except OSError:
-                self._levels = []
+        try:
+            text = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            text = ""
+        if text != self._proc_cgroup or self._levels is None:  # moved: the new place's limits bind
+            self._proc_cgroup = text
+            self._levels = cgroup_levels(text) if text else []
         level, self.cgroup_limit = tightest(self._levels)
         if level != self._cgroup:
             self._reopen(level)
         self._inactive = inactive_file(level) if level is not None else 0
-        directory = self.checkpoint_dir or self.saved_to
-        self.disk = disk_use(directory) if directory else None
+        self._read_disk()
         return True
+
+    def _read_disk(self) -> None:
+        directory = self.checkpoint_dir or self.saved_to
+        disk = disk_use(directory) if directory else None
+        self.disk = disk
+        if disk is None:
+            return  # unreadable for now (a network filesystem's hiccup): the levels stay
+        if disk.mount != self._levels_mount:
+            self._levels_mount, self.disk_levels = disk.mount, []  # another filesystem: anew
+        # Half a save is not a level; but the first read of a filesystem is its baseline (read
+        # as the first save to it begins: without it that save would be no rise).
+        if SAVES.started == SAVES.returned or not self.disk_levels:
+            if not self.disk_levels and SAVES.started == SAVES.returned:
+                self.disk_levels = _before_first_save(disk)
+            self.disk_levels = kept_levels(self.disk_levels, time.time(), disk.used)
 
     def _reopen(self, level: CgroupFiles | None) -> None:
         if self._fd is not None:
@@ -184,17 +236,22 @@ class ResourceReader:
     def fill(self, s: RankState, saved_to: str, slow_ok: bool, torch_ready: bool) -> None:
         """*s*'s resource fields: the cgroup's use every sample; the slow reads when due and
         *slow_ok* (or at once for a new checkpoint directory, *saved_to*)."""
+        saves = SAVES.returned
         if saved_to != self.saved_to:
             self.saved_to = saved_to
             self.refresh(force=True)
         elif slow_ok:
             self.refresh()
+        if saves != self._saves_seen:  # a save returned since the last sample: its disk now
+            self._saves_seen = saves
+            self._read_disk()
         s.cgroup_path, s.cgroup_memory_limit_bytes = self.cgroup_path, self.cgroup_limit
         s.cgroup_memory_bytes = self.cgroup_usage()
         disk = self.disk
         s.disk_path = self.checkpoint_dir or self.saved_to
         s.disk_mount = disk.mount if disk else ""
         s.disk_used_bytes, s.disk_total_bytes = (disk.used, disk.total) if disk else (None, None)
+        s.disk_levels = self.disk_levels
         cuda = getattr(sys.modules.get("torch"), "cuda", None)
         if torch_ready and cuda is not None and cuda.is_initialized():  # never initialised here
             s.gpu_reserved_bytes = int(cuda.memory_reserved())
