@@ -167,6 +167,10 @@ def set_sampling(on: bool) -> None:
         _retired_cpu_s = reporter_cpu_s()  # the next thread's counter starts at zero
         reporter._stop.set()
         thread.join()
+        timer = reporter.collectives.timer  # the enqueue timer's bursts are the reporter's too (#57)
+        if timer is not None:
+            timer.stop()
+            reporter.collectives.timer = None  # the next sample starts a new one
 
 
 _retired_cpu_s = 0.0  # CPU of reporter threads stopped by set_sampling
