@@ -263,6 +263,16 @@ def test_a_bundle_exported_from_a_log_keeps_its_claims_and_is_judged_as_the_log(
         assert blamed == {0}, path
 
 
+def test_the_rank_that_reports_the_monitored_barrier_is_a_victim_not_a_culprit() -> None:
+    """'Rank 1 successfully reached monitoredBarrier, but received errors while waiting for
+    send/recv from rank 0' (two public logs): rank 0 alone is blamed, certain; rank 1, which
+    waited, is a victim and not among the finding's ranks (#53: it was [0, 1])."""
+    for log in (TUNE / "monitored-barrier-rank1-names-rank0.log",
+                TUNE.parent / "holdout2" / "monitored-barrier-rank1-names-rank0-gloo-peer.log"):
+        (stall,) = [f for f in api.read_evidence(log).findings.findings if f.kind == "collective_stall"]
+        assert (stall.ranks, stall.victims, stall.certain) == ([0], [1], True), (log.name, stall)
+
+
 def test_an_xid_line_names_a_gpu_of_a_host() -> None:
     """NVIDIA/NVSentinel#155: 'NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus'."""
     (claim,) = _claims("NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus\n")

@@ -89,7 +89,10 @@ def _barrier(claims: list[Claim]) -> Finding:
     if circular:
         title = (f"{ranks_text(culprits)} blame each other in the monitored barrier: which one stopped "
                  "cannot be told")
-    return Finding(kind="collective_stall", severity="critical", ranks=sorted(set(culprits) | set(victims)),
+    # The rank that printed the report reached the barrier and waited: a victim, never among the
+    # certain finding's ranks (#53). Circular blame proves no one: every rank named stays named.
+    ranks = sorted(set(culprits) | set(victims)) if circular else culprits
+    return Finding(kind="collective_stall", severity="critical", ranks=ranks,
                    victims=victims, certain=not circular, title=title, evidence=_evidence(claims),
                    remedy=BARRIER_REMEDY)
 
