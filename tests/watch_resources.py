@@ -25,6 +25,7 @@ def main() -> int:
     end = time.monotonic() + limit
     ran = False  # a job seen before its ranks run reads as ended: looked at again until they do
     while time.monotonic() < end:
+        began = time.monotonic()
         try:
             for look in api.watch(job, every=1.0):
                 found = [[f.kind, f.severity, f.ranks, f.forecast.eta_s if f.forecast else None,
@@ -40,8 +41,14 @@ def main() -> int:
                                       "findings": found}), flush=True)
                 if time.monotonic() > end:
                     return 0
-            if ran:
-                return 0
+                # api.watch connects to the ranks published when it starts: one that published
+                # later (still importing torch on a loaded machine) is never seen by that watch.
+                # Look again, from the job's discovery entries as they are now.
+                if len(look.snapshot.ranks) < look.snapshot.job.world_size and time.monotonic() - began > 10:
+                    break
+            else:
+                if ran:
+                    return 0
         except DdptopError:  # not started yet, or between its ranks' start and their first state
             pass
         time.sleep(0.5)
