@@ -194,6 +194,8 @@ def _from_both_ranks(looks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return looks[both:]
 
 
+# Its watch of HEALTHY_WATCH_S begins with the module's jobs; run first, it would need all of it.
+@pytest.mark.timeout(HEALTHY_WATCH_S + 150)
 def test_a_healthy_job_is_never_warned(healthy: Watched) -> None:
     def watched_long_enough() -> bool:
         looks = _from_both_ranks(healthy.seen())
